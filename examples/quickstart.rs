@@ -1,0 +1,95 @@
+//! Quickstart: a service on the embedded memory broker.
+//!
+//! Run it with `cargo run --example quickstart`. It publishes a handful of
+//! orders, a subscriber confirms each one, a request/reply round trip shows
+//! the reply path, and the app shuts down gracefully and exits 0.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ruststream::prelude::*;
+use tokio::sync::Notify;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Order {
+    id: u64,
+    sku: String,
+    qty: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Confirmed {
+    id: u64,
+    total_qty: u32,
+}
+
+static HANDLED: AtomicU32 = AtomicU32::new(0);
+static ALL_HANDLED: Notify = Notify::const_new();
+const ORDERS: u32 = 5;
+
+/// Default mode: one delivery at a time, in publish order. The return value
+/// is the reply when the message is a request; for a plain publish it is
+/// dropped.
+#[subscriber("orders.created", dead_letter = "orders.dead")]
+async fn confirm(order: Order, ctx: Ctx) -> Result<Confirmed, HandlerError> {
+    if order.qty == 0 {
+        // Never valid: dead-letter it at once instead of retrying.
+        return Err(HandlerError::reject("an order needs a quantity"));
+    }
+    println!(
+        "confirmed order {} ({} x {}) attempt {}",
+        order.id,
+        order.qty,
+        order.sku,
+        ctx.attempt()
+    );
+    if HANDLED.fetch_add(1, Ordering::SeqCst) + 1 == ORDERS {
+        ALL_HANDLED.notify_one();
+    }
+    Ok(Confirmed {
+        id: order.id,
+        total_qty: order.qty,
+    })
+}
+
+#[ruststream::app]
+async fn main() -> ruststream::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+
+    let broker = MemoryBroker::new();
+    let app = App::new().broker(broker.clone()).subscriber(confirm);
+    let running = app.start().await?;
+
+    for id in 1..ORDERS as u64 {
+        let order = Order {
+            id,
+            sku: "blue-widget".into(),
+            qty: 2,
+        };
+        broker.publish("orders.created", &order).await?;
+    }
+
+    // Request/reply: the handler's return value comes back to the caller.
+    let order = Order {
+        id: 99,
+        sku: "red-widget".into(),
+        qty: 3,
+    };
+    let reply: Confirmed = broker
+        .request("orders.created", &order, Duration::from_secs(2))
+        .await?;
+    println!("reply: {reply:?}");
+
+    tokio::time::timeout(Duration::from_secs(5), ALL_HANDLED.notified())
+        .await
+        .map_err(|_| ruststream::Error::Timeout(Duration::from_secs(5)))?;
+
+    // Graceful stop: loops settle what they hold, then the broker closes.
+    running.shutdown().await?;
+    println!("handled {} orders; bye", HANDLED.load(Ordering::SeqCst));
+    Ok(())
+}

@@ -1,0 +1,141 @@
+//! `#[ruststream::app]`: `async fn main` on a Tokio runtime (RT-1).
+
+use darling::FromMeta;
+use darling::ast::NestedMeta;
+use darling::util::SpannedValue;
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+
+const VALID: &[&str] = &["flavor", "worker_threads"];
+
+#[derive(Default, FromMeta)]
+struct AppArgs {
+    flavor: Option<SpannedValue<String>>,
+    worker_threads: Option<SpannedValue<usize>>,
+}
+
+struct Config {
+    current_thread: bool,
+    worker_threads: Option<usize>,
+}
+
+impl AppArgs {
+    /// Validates combinations (collect first, check in one place).
+    fn build(self) -> darling::Result<Config> {
+        let mut errors = darling::Error::accumulator();
+        let current_thread = match self.flavor.as_ref().map(|f| (f.as_str(), f.span())) {
+            None | Some(("multi_thread", _)) => false,
+            Some(("current_thread", _)) => true,
+            Some((other, span)) => {
+                errors.push(
+                    darling::Error::custom(format!(
+                        "unknown flavor `{other}`; expected \"multi_thread\" or \"current_thread\""
+                    ))
+                    .with_span(&span),
+                );
+                false
+            }
+        };
+        if let Some(n) = &self.worker_threads {
+            if current_thread {
+                errors.push(
+                    darling::Error::custom(
+                        "`worker_threads` requires the \"multi_thread\" flavor; remove it or drop `flavor = \"current_thread\"`",
+                    )
+                    .with_span(&n.span()),
+                );
+            } else if **n == 0 {
+                errors.push(
+                    darling::Error::custom("`worker_threads` must be at least 1")
+                        .with_span(&n.span()),
+                );
+            }
+        }
+        errors.finish_with(Config {
+            current_thread,
+            worker_threads: self.worker_threads.map(|n| *n),
+        })
+    }
+}
+
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let function: syn::ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(err) => {
+            let err = err.to_compile_error();
+            return quote!(#err #item);
+        }
+    };
+    let config = parse(args);
+    let mut errors = TokenStream::new();
+    let config = match config {
+        Ok(config) => config,
+        Err(err) => {
+            errors.extend(err.write_errors());
+            // Still expand with defaults so the rest of the file type-checks.
+            Config {
+                current_thread: false,
+                worker_threads: None,
+            }
+        }
+    };
+    if function.sig.asyncness.is_none() {
+        let err = syn::Error::new_spanned(
+            function.sig.fn_token,
+            "`#[ruststream::app]` needs an `async fn`",
+        );
+        errors.extend(err.to_compile_error());
+    }
+    if !function.sig.inputs.is_empty() {
+        let err = syn::Error::new_spanned(
+            &function.sig.inputs,
+            "`#[ruststream::app]` functions take no arguments",
+        );
+        errors.extend(err.to_compile_error());
+    }
+    let syn::ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = function;
+    let name = &sig.ident;
+    let output = match &sig.output {
+        syn::ReturnType::Default => quote!(()),
+        syn::ReturnType::Type(_, ty) => quote!(#ty),
+    };
+    let current_thread = config.current_thread;
+    let worker_threads = match config.worker_threads {
+        Some(n) => quote!(::core::option::Option::Some(#n)),
+        None => quote!(::core::option::Option::None),
+    };
+    let body_span = block.span();
+    let call = quote_spanned! {body_span=>
+        ::ruststream::__private::run_main(
+            ::ruststream::__private::RuntimeConfig {
+                current_thread: #current_thread,
+                worker_threads: #worker_threads,
+            },
+            __ruststream_body,
+        )
+    };
+    quote! {
+        #(#attrs)*
+        #vis fn #name() -> ::std::process::ExitCode {
+            async fn __ruststream_body() -> #output #block
+            #call
+        }
+        #errors
+    }
+}
+
+fn parse(args: TokenStream) -> darling::Result<Config> {
+    let metas = NestedMeta::parse_meta_list(args)?;
+    args_check(&metas)?;
+    AppArgs::from_list(&metas)?.build()
+}
+
+fn args_check(metas: &[NestedMeta]) -> darling::Result<()> {
+    crate::args::check_keys(metas, VALID, "`#[ruststream::app]`")
+}

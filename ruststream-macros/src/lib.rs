@@ -1,0 +1,31 @@
+//! Procedural macros of [ruststream](https://docs.rs/ruststream). Use them
+//! through that crate (`ruststream::app`, `ruststream::subscriber`): the
+//! generated code refers to `::ruststream` and delegates everything to it.
+
+mod app;
+mod args;
+mod subscriber;
+
+use proc_macro::TokenStream;
+
+/// Turns `async fn main` into a program that runs on a Tokio runtime (RT-1).
+///
+/// Arguments: `flavor = "multi_thread"` (default) or `"current_thread"`, and
+/// `worker_threads = n` (multi-thread only). `main` may return `()`,
+/// `Result<(), E>`, or `Result<App<B>, E>`: an app is run until SIGINT/SIGTERM
+/// and then shut down gracefully.
+#[proc_macro_attribute]
+pub fn app(args: TokenStream, item: TokenStream) -> TokenStream {
+    app::expand(args.into(), item.into()).into()
+}
+
+/// Marks an `async fn` as a message handler.
+///
+/// `#[subscriber("subject", queue_group = "g", dead_letter = "s.dlq",
+/// max_attempts = 3, codec = path::To::Codec)]`. The function keeps its name
+/// and stays directly callable and awaitable; a companion type of the same
+/// name carries the configuration for `App::subscriber`.
+#[proc_macro_attribute]
+pub fn subscriber(args: TokenStream, item: TokenStream) -> TokenStream {
+    subscriber::expand(args.into(), item.into()).into()
+}

@@ -1,0 +1,289 @@
+//! `#[subscriber(...)]`: keeps the function, adds a companion type of the same
+//! name that implements `ruststream::Subscriber` by delegating to it.
+
+use darling::FromMeta;
+use darling::ast::NestedMeta;
+use darling::util::SpannedValue;
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{FnArg, Pat, ReturnType, Type};
+
+const VALID: &[&str] = &["queue_group", "dead_letter", "max_attempts", "codec"];
+
+#[derive(Default, FromMeta)]
+struct SubscriberArgs {
+    queue_group: Option<String>,
+    dead_letter: Option<String>,
+    max_attempts: Option<SpannedValue<u32>>,
+    codec: Option<syn::Path>,
+}
+
+struct Args {
+    subject: syn::LitStr,
+    options: SubscriberArgs,
+}
+
+fn parse_args(args: TokenStream) -> darling::Result<Args> {
+    let metas = NestedMeta::parse_meta_list(args)?;
+    let (subject, rest) = match metas.split_first() {
+        Some((NestedMeta::Lit(syn::Lit::Str(subject)), rest)) => (subject.clone(), rest),
+        Some((first, _)) => {
+            return Err(darling::Error::custom(
+                "the first argument must be the subject, e.g. `#[subscriber(\"orders.created\")]`",
+            )
+            .with_span(first));
+        }
+        None => {
+            return Err(darling::Error::custom(
+                "missing subject: write `#[subscriber(\"orders.created\")]`",
+            ));
+        }
+    };
+    if subject.value().is_empty() {
+        return Err(darling::Error::custom("the subject must not be empty").with_span(&subject));
+    }
+    crate::args::check_keys(rest, VALID, "`#[subscriber]`")?;
+    let options = SubscriberArgs::from_list(rest)?;
+    if let Some(n) = options.max_attempts.as_ref().filter(|n| ***n == 0) {
+        return Err(
+            darling::Error::custom("`max_attempts` must be at least 1").with_span(&n.span())
+        );
+    }
+    Ok(Args { subject, options })
+}
+
+/// Where each argument of the handler comes from.
+enum Source {
+    Body,
+    Ctx,
+}
+
+fn is_ctx(ty: &Type) -> bool {
+    match ty {
+        Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "Ctx"),
+        _ => false,
+    }
+}
+
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let function: syn::ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(err) => {
+            let err = err.to_compile_error();
+            return quote!(#err #item);
+        }
+    };
+    match expand_fn(args, &function) {
+        Ok(tokens) => tokens,
+        // Keep the function so the rest of the file still type-checks.
+        Err(err) => {
+            let err = err.write_errors();
+            quote!(#function #err)
+        }
+    }
+}
+
+fn expand_fn(args: TokenStream, function: &syn::ItemFn) -> darling::Result<TokenStream> {
+    let mut errors = darling::Error::accumulator();
+    let args = errors.handle(parse_args(args));
+    let sig = &function.sig;
+    if sig.asyncness.is_none() {
+        errors.push(
+            darling::Error::custom("a subscriber must be an `async fn`").with_span(&sig.fn_token),
+        );
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        errors.push(
+            darling::Error::custom("a subscriber cannot be generic").with_span(&sig.generics),
+        );
+    }
+    let mut sources = Vec::new();
+    let mut body: Option<&syn::PatType> = None;
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(r) => errors.push(
+                darling::Error::custom("a subscriber is a free function; it cannot take `self`")
+                    .with_span(r),
+            ),
+            FnArg::Typed(arg) if is_ctx(&arg.ty) => sources.push(Source::Ctx),
+            FnArg::Typed(arg) => {
+                if let Some(first) = body {
+                    let first = &first.pat;
+                    errors.push(
+                        darling::Error::custom(format!(
+                            "a subscriber takes exactly one body argument, and `{}` already is it; \
+                             read metadata through `ctx: Ctx` instead",
+                            quote!(#first)
+                        ))
+                        .with_span(arg),
+                    );
+                } else {
+                    body = Some(arg);
+                }
+                sources.push(Source::Body);
+            }
+        }
+    }
+    if body.is_none() && sig.inputs.iter().all(|i| matches!(i, FnArg::Typed(_))) {
+        errors.push(
+            darling::Error::custom(
+                "a subscriber needs one body argument, the decoded message (e.g. `order: Order`, or `payload: Bytes` for raw bytes)",
+            )
+            .with_span(&sig.ident),
+        );
+    }
+    let output = match &sig.output {
+        ReturnType::Default => quote!(()),
+        ReturnType::Type(_, ty) => {
+            if let Some(msg) = unsupported_return(ty) {
+                errors.push(darling::Error::custom(msg).with_span(ty));
+            }
+            quote!(#ty)
+        }
+    };
+    errors.finish()?;
+    let (Some(args), Some(body)) = (args, body) else {
+        unreachable!("errors were reported above")
+    };
+    Ok(generate(function, &args, body, &sources, output))
+}
+
+fn unsupported_return(ty: &Type) -> Option<&'static str> {
+    match ty {
+        Type::ImplTrait(_) => Some(
+            "unsupported return type: a subscriber returns `()`, a `Serialize` value or `Result<_, E>`, not `impl Trait`",
+        ),
+        Type::Reference(_) => Some(
+            "unsupported return type: a reply must be owned; return `String` or a `Serialize` value instead of a reference",
+        ),
+        Type::BareFn(_) | Type::TraitObject(_) | Type::Never(_) => Some(
+            "unsupported return type: a subscriber returns `()`, a `Serialize` value or `Result<_, E>`",
+        ),
+        _ => None,
+    }
+}
+
+fn generate(
+    function: &syn::ItemFn,
+    args: &Args,
+    body: &syn::PatType,
+    sources: &[Source],
+    output: TokenStream,
+) -> TokenStream {
+    let syn::ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = function;
+    let name = &sig.ident;
+
+    // Parameters keep their names where they are plain identifiers; other
+    // patterns are bound inside the future, so every argument moves into it
+    // as it would for an `async fn`.
+    let mut params = Vec::new();
+    let mut rebinds = Vec::new();
+    for (i, input) in sig.inputs.iter().enumerate() {
+        let FnArg::Typed(arg) = input else { continue };
+        let ty = &arg.ty;
+        let (param, pat) = match &*arg.pat {
+            Pat::Ident(p) if p.by_ref.is_none() && p.subpat.is_none() => {
+                (p.ident.clone(), quote!(#p))
+            }
+            pat => (format_ident!("__arg{}", i), quote!(#pat)),
+        };
+        params.push(quote!(#param: #ty));
+        rebinds.push(quote!(let #pat = #param;));
+    }
+
+    let body_ty = &body.ty;
+    let codec = match &args.options.codec {
+        Some(path) => quote!(#path),
+        None => quote!(::ruststream::Json),
+    };
+    let subject = &args.subject;
+    let mut config = quote!(::ruststream::SubscriberConfig::new(#subject));
+    if let Some(group) = &args.options.queue_group {
+        config.extend(quote!(.queue_group(#group)));
+    }
+    if let Some(dlq) = &args.options.dead_letter {
+        config.extend(quote!(.dead_letter(#dlq)));
+    }
+    if let Some(n) = &args.options.max_attempts {
+        let n = **n;
+        config.extend(quote!(.max_attempts(#n)));
+    }
+    let call_args = sources.iter().map(|s| match s {
+        Source::Body => quote!(__body),
+        Source::Ctx => quote!(::core::clone::Clone::clone(&__ctx)),
+    });
+    let body_check = quote_spanned! {body_ty.span()=>
+        const _: () = ::ruststream::__private::assert_body::<#body_ty>();
+    };
+    let out_span = match &sig.output {
+        ReturnType::Default => Span::call_site(),
+        ReturnType::Type(_, ty) => ty.span(),
+    };
+    let outcome = quote_spanned! {out_span=>
+        ::ruststream::__private::outcome!(#codec, __future.await)
+    };
+    let asyncness = quote!(async move);
+
+    quote! {
+        #(#attrs)*
+        #vis fn #name(#(#params),*) -> ::ruststream::__private::Handler<
+            #name,
+            impl ::core::future::Future<Output = #output>,
+        > {
+            ::ruststream::__private::Handler::new(#asyncness {
+                #(#rebinds)*
+                #block
+            })
+        }
+
+        #[allow(non_camel_case_types, dead_code)]
+        #[doc(hidden)]
+        #vis struct #name {}
+
+        const _: () = {
+            #body_check
+
+            impl ::core::default::Default for #name {
+                fn default() -> Self {
+                    #name {}
+                }
+            }
+
+            impl ::ruststream::Subscriber for #name {
+                type Body = #body_ty;
+                type Codec = #codec;
+
+                fn config(&self) -> ::ruststream::SubscriberConfig {
+                    #config
+                }
+
+                fn decode(
+                    &self,
+                    payload: &::ruststream::__private::Bytes,
+                ) -> ::core::result::Result<#body_ty, ::ruststream::BoxError> {
+                    #[allow(unused_imports)]
+                    use ::ruststream::__private::{CodecBody as _, RawBody as _};
+                    (&&::ruststream::__private::BodyKind::<#body_ty>::new())
+                        .decode_body::<#codec>(payload)
+                }
+
+                #[allow(unused_variables)]
+                fn handle(
+                    &self,
+                    __body: #body_ty,
+                    __ctx: ::ruststream::Ctx,
+                ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome>
+                       + ::core::marker::Send {
+                    let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));
+                    async move { #outcome }
+                }
+            }
+        };
+    }
+}

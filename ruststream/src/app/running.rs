@@ -1,0 +1,96 @@
+//! A started app and its graceful stop.
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::register::{ErasedBroker, StartUnit};
+use crate::accept::AcceptLayer;
+use crate::{Error, Result};
+
+/// A running app: its subscriber loops are live.
+///
+/// Stop it with [`shutdown`](RunningApp::shutdown): every loop stops taking new
+/// deliveries, the delivery each loop holds is processed and settled, then the
+/// brokers close in reverse registration order.
+pub struct RunningApp {
+    stop: CancellationToken,
+    loops: Vec<JoinHandle<()>>,
+    brokers: Vec<Arc<dyn ErasedBroker>>,
+}
+
+impl std::fmt::Debug for RunningApp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningApp")
+            .field("loops", &self.loops.len())
+            .field(
+                "brokers",
+                &self.brokers.iter().map(|b| b.name()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl RunningApp {
+    pub(super) async fn start(
+        brokers: Vec<Arc<dyn ErasedBroker>>,
+        units: Vec<Box<dyn StartUnit>>,
+        layers: Arc<[Arc<dyn AcceptLayer>]>,
+    ) -> Result<RunningApp> {
+        let stop = CancellationToken::new();
+        let mut running = RunningApp {
+            stop: stop.clone(),
+            loops: Vec::with_capacity(units.len()),
+            brokers,
+        };
+        for unit in units {
+            let subject = unit.subject().to_owned();
+            match unit.start(Arc::clone(&layers), stop.child_token()).await {
+                Ok(handle) => running.loops.push(handle),
+                Err(err) => {
+                    tracing::error!(subject, error = %err, "subscribe failed; stopping");
+                    // Stop what already started, then report the first error.
+                    let _ = running.shutdown().await;
+                    return Err(err);
+                }
+            }
+        }
+        tracing::info!(subscribers = running.loops.len(), "app started");
+        Ok(running)
+    }
+
+    /// A token that, when cancelled, begins the graceful stop of every loop.
+    /// Useful to trigger a stop from a handler or another task; the app still
+    /// needs [`shutdown`](Self::shutdown) to finish and close brokers.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Resolves once a stop was requested through [`stop_token`](Self::stop_token).
+    pub async fn stopped(&self) {
+        self.stop.cancelled().await
+    }
+
+    /// Graceful stop: loops stop taking new deliveries and settle the one in
+    /// hand; then brokers close in reverse registration order. Returns the
+    /// first error met; every step still runs.
+    pub async fn shutdown(mut self) -> Result<()> {
+        self.stop.cancel();
+        let mut first_error = None;
+        for handle in self.loops.drain(..) {
+            if let Err(err) = handle.await {
+                tracing::error!(error = %err, "subscriber loop ended abnormally");
+                first_error.get_or_insert(Error::App(err.into()));
+            }
+        }
+        for broker in self.brokers.iter().rev() {
+            if let Err(err) = broker.close().await {
+                tracing::warn!(broker = broker.name(), error = %err, "broker close failed");
+                first_error.get_or_insert(err);
+            }
+        }
+        tracing::info!("app stopped");
+        first_error.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,125 @@
+//! The memory Core's subscription stream and delivery handle.
+
+use std::sync::{Arc, Weak};
+
+use super::Inner;
+use super::queue::Queue;
+use crate::binding::{Delivery, Subscription};
+use crate::message::header;
+use crate::{Envelope, Message, Result};
+
+/// A subscription on a [`MemoryBroker`](super::MemoryBroker).
+///
+/// Dropping it leaves its queue; when the last member of a queue leaves, the
+/// queue is removed and frames still in it are discarded.
+pub struct MemorySubscription {
+    pub(super) queue: Arc<Queue>,
+    pub(super) broker: Weak<Inner>,
+}
+
+impl Subscription for MemorySubscription {
+    type Delivery = MemoryDelivery;
+
+    async fn next(&mut self) -> Option<MemoryDelivery> {
+        let env = self.queue.pop().await?;
+        Some(MemoryDelivery {
+            env: Some(env),
+            queue: Arc::clone(&self.queue),
+        })
+    }
+}
+
+impl Drop for MemorySubscription {
+    fn drop(&mut self) {
+        if self.queue.leave() {
+            if let Some(broker) = self.broker.upgrade() {
+                broker.registry_write().remove(&self.queue);
+            }
+            self.queue.close();
+        }
+    }
+}
+
+/// A delivery from the memory Core. Dropped unsettled (for example when a
+/// handler is aborted by a shutdown timeout), it is redelivered with attempt + 1
+/// to the next consumer of its queue.
+pub struct MemoryDelivery {
+    /// `Some` until settled.
+    env: Option<Envelope>,
+    queue: Arc<Queue>,
+}
+
+impl MemoryDelivery {
+    fn take(&mut self) -> Envelope {
+        match self.env.take() {
+            Some(env) => env,
+            None => unreachable!("settlement consumes the delivery"),
+        }
+    }
+
+    fn redeliver(queue: &Queue, env: Envelope) {
+        let attempt = env.attempt() + 1;
+        if !queue.requeue(env.with_attempt(attempt)) {
+            tracing::debug!(subject = %queue.subject, "queue closed; unsettled delivery discarded");
+        }
+    }
+}
+
+impl Delivery for MemoryDelivery {
+    fn envelope(&self) -> &Envelope {
+        match &self.env {
+            Some(env) => env,
+            None => unreachable!("settlement consumes the delivery"),
+        }
+    }
+
+    async fn ack(mut self) -> Result<()> {
+        self.take();
+        Ok(())
+    }
+
+    async fn nack(mut self) -> Result<()> {
+        let env = self.take();
+        Self::redeliver(&self.queue, env);
+        Ok(())
+    }
+
+    async fn reject(mut self, reason: &str) -> Result<()> {
+        let env = self.take();
+        let (Some(dead_letter), Some(broker)) =
+            (&self.queue.dead_letter, self.queue.broker.upgrade())
+        else {
+            tracing::warn!(
+                subject = %env.subject(),
+                attempt = env.attempt(),
+                reason,
+                "message rejected and dropped (no dead-letter subject configured)"
+            );
+            return Ok(());
+        };
+        let attempt = env.attempt();
+        let subject = env.subject().clone();
+        let message: Message = env.clone().into_message();
+        let message = message
+            .with_header(header::ORIGINAL_SUBJECT, subject)
+            .with_header(header::ERROR, reason)
+            .with_header(header::ATTEMPT, attempt.to_string());
+        let deadline = tokio::time::Instant::now() + broker.publish_timeout;
+        match broker.publish(dead_letter, message, deadline).await {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                // Losing a rejected message is worse than seeing it again.
+                Self::redeliver(&self.queue, env);
+                Err(err)
+            }
+        }
+    }
+}
+
+impl Drop for MemoryDelivery {
+    fn drop(&mut self) {
+        if let Some(env) = self.env.take() {
+            Self::redeliver(&self.queue, env);
+        }
+    }
+}

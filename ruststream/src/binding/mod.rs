@@ -1,0 +1,133 @@
+//! The Core binding seam: the traits every broker adapter implements.
+//!
+//! * [`Broker`]: subscribe, publish (one operation per call, JQ-18), close.
+//! * [`Subscription`]: a source the runtime *pulls* from only when it has
+//!   capacity (RT-2); nothing runs ahead of the pull except the binding's own
+//!   receive queue, bounded by its byte HWM (JQ-1).
+//! * [`Delivery`]: one received message; settling consumes it, so a delivery
+//!   cannot be settled twice.
+//! * [`Requester`]: the request/reply capability; replies complete the caller
+//!   directly and never pass through a subscription (JQ-6).
+//!
+//! The per-subscriber loop is generic over these traits: no boxing and no
+//! dynamic dispatch per message.
+
+pub mod memory;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{Envelope, Message, Result, Text};
+
+/// What a subscriber asks a broker for.
+#[derive(Clone, Debug)]
+pub struct SubscribeOptions {
+    /// Subject (or pattern, where the broker supports wildcards).
+    pub subject: Text,
+    /// Subscriptions sharing a queue group compete for messages; without one,
+    /// every subscription gets every message.
+    pub queue_group: Option<Text>,
+    /// Where `reject` sends a message; `None` drops it with a warning.
+    pub dead_letter: Option<Text>,
+}
+
+impl SubscribeOptions {
+    /// Fan-out subscription to `subject`.
+    pub fn new(subject: impl Into<Text>) -> Self {
+        SubscribeOptions {
+            subject: subject.into(),
+            queue_group: None,
+            dead_letter: None,
+        }
+    }
+
+    /// Joins a queue group (competing consumers).
+    pub fn queue_group(mut self, group: impl Into<Text>) -> Self {
+        self.queue_group = Some(group.into());
+        self
+    }
+
+    /// Sets the dead-letter subject for rejected messages.
+    pub fn dead_letter(mut self, subject: impl Into<Text>) -> Self {
+        self.dead_letter = Some(subject.into());
+        self
+    }
+}
+
+/// A Core binding: one connection to one broker.
+///
+/// Cloning is cheap and shares the connection.
+pub trait Broker: Clone + Send + Sync + 'static {
+    /// The receive stream of one subscription.
+    type Subscription: Subscription;
+
+    /// A short name for logs and metrics (`"memory"`, `"nats"`).
+    fn name(&self) -> &'static str;
+
+    /// Opens a subscription. When this returns, messages published afterwards
+    /// are retained for it.
+    fn subscribe(
+        &self,
+        options: SubscribeOptions,
+    ) -> impl Future<Output = Result<Self::Subscription>> + Send;
+
+    /// Publishes one message: exactly one binding operation (JQ-18). Where the
+    /// broker's queues are full the binding waits for space until `deadline`
+    /// and then fails with [`Error::DeadlineExceeded`](crate::Error) (JQ-19).
+    /// `None` uses the binding's default publish timeout.
+    fn publish_message(
+        &self,
+        subject: &str,
+        message: Message,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Closes the connection. Later calls fail with `Error::Closed`; closing
+    /// twice is fine.
+    fn close(&self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// One receive stream. The runtime calls [`next`](Subscription::next) only when
+/// it can take the delivery at once (RT-2).
+pub trait Subscription: Send + 'static {
+    /// The delivery type this binding hands out.
+    type Delivery: Delivery;
+
+    /// The next delivery, waiting for one; `None` once the subscription or its
+    /// broker is closed. Cancel-safe: dropping the future loses nothing.
+    fn next(&mut self) -> impl Future<Output = Option<Self::Delivery>> + Send;
+}
+
+/// One received message, not yet settled.
+///
+/// Settlement methods take `self`: settling twice does not compile. A delivery
+/// dropped unsettled is redelivered by the broker (where the broker can).
+pub trait Delivery: Send + Sync + 'static {
+    /// Subject, payload, headers and the rest of what was received.
+    fn envelope(&self) -> &Envelope;
+
+    /// Done: never deliver this message again.
+    fn ack(self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Failed: deliver it again, with attempt + 1.
+    fn nack(self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Failed for good: never redeliver; dead-letter it (with `reason`) where a
+    /// dead-letter target is configured, else drop it with a warning.
+    fn reject(self, reason: &str) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Request/reply: the capability of brokers with a reply path.
+pub trait Requester: Broker {
+    /// Publishes `message` to `subject` with a fresh reply address and waits up
+    /// to `timeout` for the first reply. A reply arriving later is dropped: the
+    /// first terminal result wins.
+    fn request_message(
+        &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Envelope>> + Send;
+}

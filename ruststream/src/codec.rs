@@ -1,0 +1,48 @@
+//! Codecs turn payload bytes into handler bodies and reply values into bytes.
+//!
+//! JSON ([`Json`]) is the default. Bodies and replies of type `Bytes`, `String`
+//! or `Vec<u8>` bypass the codec: the payload passes through as it is.
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::BoxError;
+
+/// A payload format.
+///
+/// ```
+/// use ruststream::{Codec, Json};
+///
+/// let bytes = Json::encode(&vec![1, 2, 3]).unwrap();
+/// assert_eq!(&bytes[..], b"[1,2,3]");
+/// let back: Vec<u32> = Json::decode(&bytes).unwrap();
+/// assert_eq!(back, [1, 2, 3]);
+/// ```
+pub trait Codec: Send + Sync + 'static {
+    /// MIME type, for brokers that carry one.
+    const CONTENT_TYPE: &'static str;
+
+    /// Decodes a payload. An error marks the message malformed (JQ-13): it never
+    /// reaches the handler.
+    fn decode<T: DeserializeOwned>(payload: &Bytes) -> Result<T, BoxError>;
+
+    /// Encodes a value.
+    fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, BoxError>;
+}
+
+/// JSON through `serde_json`: the default codec.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Json;
+
+impl Codec for Json {
+    const CONTENT_TYPE: &'static str = "application/json";
+
+    fn decode<T: DeserializeOwned>(payload: &Bytes) -> Result<T, BoxError> {
+        Ok(serde_json::from_slice(payload)?)
+    }
+
+    fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, BoxError> {
+        Ok(Bytes::from(serde_json::to_vec(value)?))
+    }
+}

@@ -1,0 +1,3 @@
+//! Execution modes: how a subscriber's deliveries are scheduled.
+
+pub(crate) mod sequential;

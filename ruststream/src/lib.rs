@@ -1,0 +1,85 @@
+//! # ruststream
+//!
+//! Message-driven services on brokers. Write plain `async fn` handlers, mark
+//! them [`#[subscriber]`](macro@subscriber), register them on an [`App`], and
+//! get a production runtime: bounded memory, backpressure, redelivery with a
+//! retry budget, dead-lettering, request/reply and a graceful stop.
+//!
+//! ```
+//! use ruststream::prelude::*;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Order { id: u64, qty: u32 }
+//!
+//! #[derive(Serialize, Deserialize, PartialEq, Debug)]
+//! struct Confirmed { id: u64 }
+//!
+//! /// One delivery at a time, in order; the return value is the reply.
+//! #[subscriber("orders.created")]
+//! async fn confirm(order: Order) -> Result<Confirmed, HandlerError> {
+//!     Ok(Confirmed { id: order.id })
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let broker = MemoryBroker::new();
+//! let running = App::new().broker(broker.clone()).subscriber(confirm).start().await?;
+//! let reply: Confirmed = broker
+//!     .request("orders.created", &Order { id: 7, qty: 1 }, std::time::Duration::from_secs(1))
+//!     .await?;
+//! assert_eq!(reply, Confirmed { id: 7 });
+//! running.shutdown().await?;
+//! # Ok::<_, ruststream::Error>(()) }).unwrap();
+//! ```
+//!
+//! Requirement IDs (`RT-n`, `JQ-n`) in these docs refer to the project's
+//! requirements digest.
+#![deny(missing_docs)]
+
+mod accept;
+mod app;
+pub mod binding;
+mod codec;
+mod config;
+mod ctx;
+mod error;
+mod exec;
+mod message;
+pub mod metrics;
+mod pipeline;
+mod publish;
+mod subscriber;
+mod text;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use accept::{AcceptLayer, Verdict};
+pub use app::{App, IntoSubscriber, NoBroker, RunningApp};
+pub use binding::memory::{MemoryBroker, MemoryBrokerBuilder, MemoryDelivery, MemorySubscription};
+pub use binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
+pub use codec::{Codec, Json};
+pub use config::{CoreHwm, CoreHwmProfile};
+pub use ctx::Ctx;
+pub use error::{BoxError, Error, HandlerError, Result};
+pub use message::{Envelope, Headers, Message, header};
+pub use publish::{Publish, reply_result};
+pub use subscriber::{Outcome, Subscriber, SubscriberConfig};
+pub use text::Text;
+
+pub use ruststream_macros::{app, subscriber};
+
+/// Everything a typical service needs, in one import.
+pub mod prelude {
+    pub use crate::{
+        App, Broker, Ctx, Delivery, HandlerError, MemoryBroker, Message, Publish, Requester,
+        RunningApp, Subscription, subscriber,
+    };
+    pub use bytes::Bytes;
+    pub use serde::{Deserialize, Serialize};
+}
+
+/// Re-exported for the prelude's derives and for users' convenience.
+pub use bytes;
+pub use serde;
+pub use serde_json;

@@ -1,0 +1,251 @@
+//! What crosses the binding seam: [`Message`] going out, [`Envelope`] coming in.
+
+use bytes::Bytes;
+
+use crate::Text;
+
+/// Header names the runtime itself reads and writes.
+pub mod header {
+    /// Status of a reply: `ok`, `protocol-error` or `handler-error`.
+    pub const STATUS: &str = "ruststream-status";
+    /// Human-readable error of a failed reply or of a dead-lettered message.
+    pub const ERROR: &str = "ruststream-error";
+    /// Subject a dead-lettered message was first delivered on.
+    pub const ORIGINAL_SUBJECT: &str = "ruststream-original-subject";
+    /// Attempt number at which a message was dead-lettered.
+    pub const ATTEMPT: &str = "ruststream-attempt";
+}
+
+/// Ordered message headers. Names may repeat; lookups return the first match.
+///
+/// An empty `Headers` does not allocate.
+///
+/// ```
+/// use ruststream::Headers;
+///
+/// let mut h = Headers::new();
+/// h.insert("trace-id", "abc");
+/// assert_eq!(h.get("trace-id"), Some("abc"));
+/// assert_eq!(h.get("missing"), None);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Headers(Vec<(Text, Text)>);
+
+impl Headers {
+    /// No headers.
+    pub const fn new() -> Self {
+        Headers(Vec::new())
+    }
+
+    /// Appends a header; an existing header of the same name is replaced.
+    pub fn insert(&mut self, name: impl Into<Text>, value: impl Into<Text>) {
+        let name = name.into();
+        let value = value.into();
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.0.push((name, value)),
+        }
+    }
+
+    /// The first value of `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every `(name, value)` pair in insertion order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// Number of headers.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are no headers.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Bytes the names and values occupy; used for HWM accounting.
+    pub(crate) fn byte_len(&self) -> usize {
+        self.0.iter().map(|(n, v)| n.len() + v.len()).sum()
+    }
+}
+
+/// A message to publish: payload plus the metadata a broker carries for it.
+///
+/// ```
+/// use ruststream::Message;
+///
+/// let m = Message::new("hello")
+///     .with_header("trace-id", "t-1")
+///     .with_key("customer-7")
+///     .with_correlation_id("c-42");
+/// assert_eq!(m.payload(), "hello".as_bytes());
+/// assert_eq!(m.key(), Some("customer-7"));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Message {
+    payload: Bytes,
+    headers: Headers,
+    key: Option<Text>,
+    reply_to: Option<Text>,
+    correlation_id: Option<Text>,
+}
+
+impl Message {
+    /// A message with this payload and no metadata.
+    pub fn new(payload: impl Into<Bytes>) -> Self {
+        Message {
+            payload: payload.into(),
+            ..Message::default()
+        }
+    }
+
+    /// Adds (or replaces) a header.
+    pub fn with_header(mut self, name: impl Into<Text>, value: impl Into<Text>) -> Self {
+        self.headers.insert(name, value);
+        self
+    }
+
+    /// Replaces all headers.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Sets the ordering/partition key.
+    pub fn with_key(mut self, key: impl Into<Text>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Sets the subject a reply should go to.
+    pub fn with_reply_to(mut self, subject: impl Into<Text>) -> Self {
+        self.reply_to = Some(subject.into());
+        self
+    }
+
+    /// Sets the correlation id.
+    pub fn with_correlation_id(mut self, id: impl Into<Text>) -> Self {
+        self.correlation_id = Some(id.into());
+        self
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// Headers.
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
+
+    /// The key, if any.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The reply subject, if any.
+    pub fn reply_to(&self) -> Option<&str> {
+        self.reply_to.as_deref()
+    }
+
+    /// The correlation id, if any.
+    pub fn correlation_id(&self) -> Option<&str> {
+        self.correlation_id.as_deref()
+    }
+
+    /// Mutable access to the headers.
+    pub fn headers_mut(&mut self) -> &mut Headers {
+        &mut self.headers
+    }
+
+    /// Payload plus headers: what a byte high-water mark charges for it.
+    pub fn byte_len(&self) -> usize {
+        self.payload.len() + self.headers.byte_len()
+    }
+}
+
+/// What a binding hands the runtime for one received message: the published
+/// [`Message`] plus the subject it arrived on and its delivery attempt.
+///
+/// The payload is the broker's own buffer (`Bytes`): reading it never copies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    subject: Text,
+    message: Message,
+    attempt: u32,
+}
+
+impl Envelope {
+    /// An envelope for a first delivery (attempt 1).
+    pub fn new(subject: Text, message: Message) -> Self {
+        Envelope {
+            subject,
+            message,
+            attempt: 1,
+        }
+    }
+
+    /// The same envelope with another attempt number.
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// Subject the message was published to.
+    pub fn subject(&self) -> &Text {
+        &self.subject
+    }
+
+    /// The payload, as received.
+    pub fn payload(&self) -> &Bytes {
+        &self.message.payload
+    }
+
+    /// Headers, as received.
+    pub fn headers(&self) -> &Headers {
+        &self.message.headers
+    }
+
+    /// Ordering/partition key, if the publisher set one.
+    pub fn key(&self) -> Option<&Text> {
+        self.message.key.as_ref()
+    }
+
+    /// Where a reply should be published, for requests.
+    pub fn reply_to(&self) -> Option<&Text> {
+        self.message.reply_to.as_ref()
+    }
+
+    /// Correlation id, if the publisher set one.
+    pub fn correlation_id(&self) -> Option<&Text> {
+        self.message.correlation_id.as_ref()
+    }
+
+    /// Delivery attempt, starting at 1; a redelivery after `nack` adds one.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The message as published.
+    pub fn message(&self) -> &Message {
+        &self.message
+    }
+
+    /// Takes the message out, e.g. to republish it to a dead-letter subject.
+    pub fn into_message(self) -> Message {
+        self.message
+    }
+
+    /// Bytes charged against a byte high-water mark.
+    pub fn byte_len(&self) -> usize {
+        self.message.byte_len()
+    }
+}

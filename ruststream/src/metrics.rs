@@ -1,0 +1,43 @@
+//! Every metric the runtime emits, through the [`metrics`] facade. Install any
+//! `metrics` recorder (Prometheus, StatsD, …) to export them.
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `ruststream_malformed_total` | counter | `subject` | payloads that failed decode and never reached a handler (JQ-13) |
+//! | `ruststream_handler_errors_total` | counter | `subject` | handler errors and panics |
+//! | `ruststream_rejected_total` | counter | `subject` | deliveries rejected (dead-lettered or dropped) |
+//! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` (JQ-19) |
+//! | `ruststream_settle_errors_total` | counter | `subject` | ack/nack/reject calls the broker refused |
+
+use crate::Text;
+
+/// Payloads that failed decode (JQ-13).
+pub const MALFORMED: &str = "ruststream_malformed_total";
+/// Handler errors and panics.
+pub const HANDLER_ERRORS: &str = "ruststream_handler_errors_total";
+/// Rejected deliveries.
+pub const REJECTED: &str = "ruststream_rejected_total";
+/// Publishes that ended in `DeadlineExceeded`.
+pub const DEADLINE_EXCEEDED: &str = "ruststream_deadline_exceeded_total";
+/// Settlement calls that failed.
+pub const SETTLE_ERRORS: &str = "ruststream_settle_errors_total";
+
+pub(crate) fn malformed(subject: &Text) {
+    metrics::counter!(MALFORMED, "subject" => subject.to_string()).increment(1);
+}
+
+pub(crate) fn handler_error(subject: &Text) {
+    metrics::counter!(HANDLER_ERRORS, "subject" => subject.to_string()).increment(1);
+}
+
+pub(crate) fn rejected(subject: &Text) {
+    metrics::counter!(REJECTED, "subject" => subject.to_string()).increment(1);
+}
+
+pub(crate) fn settle_error(subject: &Text) {
+    metrics::counter!(SETTLE_ERRORS, "subject" => subject.to_string()).increment(1);
+}
+
+pub(crate) fn deadline_exceeded(binding: &'static str) {
+    metrics::counter!(DEADLINE_EXCEEDED, "binding" => binding).increment(1);
+}

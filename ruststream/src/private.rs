@@ -1,0 +1,289 @@
+//! Support for macro-generated code. Not a public API: it may change in any
+//! release.
+
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+
+pub use bytes::Bytes;
+
+pub use crate::subscriber::Outcome;
+pub use crate::{__outcome as outcome, Ctx, HandlerError, SubscriberConfig};
+use crate::{BoxError, Codec};
+
+/// What a `#[subscriber]` function returns: its future, tagged with the
+/// companion type that carries the subscriber's configuration. `.await` it as
+/// the plain future it wraps.
+#[must_use = "a handler does nothing unless awaited"]
+pub struct Handler<S, F> {
+    future: F,
+    _subscriber: PhantomData<fn() -> S>,
+}
+
+impl<S, F> Handler<S, F> {
+    /// Wraps the handler body's future.
+    pub fn new(future: F) -> Self {
+        Handler {
+            future,
+            _subscriber: PhantomData,
+        }
+    }
+}
+
+impl<S, F: Future> IntoFuture for Handler<S, F> {
+    type Output = F::Output;
+    type IntoFuture = F;
+    fn into_future(self) -> F {
+        self.future
+    }
+}
+
+/// Selects how a body type is decoded (autoref specialization: raw types pass
+/// through, everything else goes through the codec).
+pub struct BodyKind<T>(PhantomData<fn() -> T>);
+
+impl<T> BodyKind<T> {
+    /// The selector.
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        BodyKind(PhantomData)
+    }
+}
+
+/// Raw bodies: the payload as it is.
+pub trait RawBody<T> {
+    /// Decodes.
+    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>;
+}
+
+impl RawBody<Bytes> for &BodyKind<Bytes> {
+    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<Bytes, BoxError> {
+        Ok(payload.clone())
+    }
+}
+
+impl RawBody<Vec<u8>> for &BodyKind<Vec<u8>> {
+    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<Vec<u8>, BoxError> {
+        Ok(payload.to_vec())
+    }
+}
+
+impl RawBody<String> for &BodyKind<String> {
+    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<String, BoxError> {
+        Ok(std::str::from_utf8(payload)?.to_owned())
+    }
+}
+
+/// Codec bodies.
+pub trait CodecBody<T> {
+    /// Decodes.
+    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>;
+}
+
+impl<T: serde::de::DeserializeOwned> CodecBody<T> for BodyKind<T> {
+    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError> {
+        C::decode(payload)
+    }
+}
+
+/// Checks a body type with a readable error.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a message body",
+    label = "the body argument must be decodable",
+    note = "derive `serde::Deserialize` for it, or take `Bytes`, `String` or `Vec<u8>` for the raw payload"
+)]
+pub trait MessageBody: Send + 'static {}
+impl<T: serde::de::DeserializeOwned + Send + 'static> MessageBody for T {}
+
+/// Compile-time check that `T` can be a body.
+pub const fn assert_body<T: MessageBody>() {}
+
+/// Checks a reply type with a readable error.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be returned by a subscriber",
+    label = "unsupported return type",
+    note = "return `()`, a `serde::Serialize` value (the reply), `Bytes`/`String`/`Vec<u8>` (a raw reply), or `Result<_, E>` of those where `E: Into<HandlerError>`"
+)]
+pub trait Reply {}
+impl<T: serde::Serialize> Reply for T {}
+
+/// Compile-time check that a reply value can be encoded.
+pub fn assert_reply<T: Reply>(_: &T) {}
+
+/// Splits a handler's return value into success or failure (autoref:
+/// `Result<_, E>` first, any other type is success).
+pub struct ReturnKind<T>(PhantomData<fn() -> T>);
+
+impl<T> ReturnKind<T> {
+    /// The selector for the type of `value`.
+    pub fn of(_: &T) -> Self {
+        ReturnKind(PhantomData)
+    }
+}
+
+/// `Result<T, E>` returns.
+pub trait SplitResult<T, E> {
+    /// Splits.
+    fn split(&self, value: Result<T, E>) -> Result<T, HandlerError>;
+}
+
+impl<T, E: Into<HandlerError>> SplitResult<T, E> for &ReturnKind<Result<T, E>> {
+    fn split(&self, value: Result<T, E>) -> Result<T, HandlerError> {
+        value.map_err(Into::into)
+    }
+}
+
+/// Plain returns.
+pub trait SplitPlain<T> {
+    /// Splits.
+    fn split(&self, value: T) -> Result<T, HandlerError>;
+}
+
+impl<T> SplitPlain<T> for ReturnKind<T> {
+    fn split(&self, value: T) -> Result<T, HandlerError> {
+        Ok(value)
+    }
+}
+
+/// Selects how a reply value is encoded.
+pub struct ReplyKind<T>(PhantomData<fn() -> T>);
+
+impl<T> ReplyKind<T> {
+    /// The selector for the type of `value`.
+    pub fn of(_: &T) -> Self {
+        ReplyKind(PhantomData)
+    }
+}
+
+/// `()`: no reply; raw types: the bytes as they are.
+pub trait RawReply<T> {
+    /// Encodes.
+    fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError>;
+}
+
+impl RawReply<()> for &ReplyKind<()> {
+    fn encode_reply<C: Codec>(&self, (): ()) -> Result<Option<Bytes>, BoxError> {
+        Ok(None)
+    }
+}
+
+impl RawReply<Bytes> for &ReplyKind<Bytes> {
+    fn encode_reply<C: Codec>(&self, value: Bytes) -> Result<Option<Bytes>, BoxError> {
+        Ok(Some(value))
+    }
+}
+
+impl RawReply<Vec<u8>> for &ReplyKind<Vec<u8>> {
+    fn encode_reply<C: Codec>(&self, value: Vec<u8>) -> Result<Option<Bytes>, BoxError> {
+        Ok(Some(Bytes::from(value)))
+    }
+}
+
+impl RawReply<String> for &ReplyKind<String> {
+    fn encode_reply<C: Codec>(&self, value: String) -> Result<Option<Bytes>, BoxError> {
+        Ok(Some(Bytes::from(value)))
+    }
+}
+
+/// Serializable replies.
+pub trait CodecReply<T> {
+    /// Encodes.
+    fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError>;
+}
+
+impl<T: serde::Serialize> CodecReply<T> for ReplyKind<T> {
+    fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError> {
+        C::encode(&value).map(Some)
+    }
+}
+
+/// Turns a handler's return value into an [`Outcome`]; expanded where the
+/// return type is concrete, so the autoref selectors above pick the right
+/// encoding.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __outcome {
+    ($codec:ty, $value:expr) => {{
+        #[allow(unused_imports)]
+        use $crate::__private::{
+            CodecReply as _, RawReply as _, SplitPlain as _, SplitResult as _,
+        };
+        let __value = $value;
+        match (&&$crate::__private::ReturnKind::of(&__value)).split(__value) {
+            ::core::result::Result::Ok(__reply) => {
+                $crate::__private::assert_reply(&__reply);
+                match (&&$crate::__private::ReplyKind::of(&__reply)).encode_reply::<$codec>(__reply)
+                {
+                    ::core::result::Result::Ok(__bytes) => $crate::__private::Outcome::Ack(__bytes),
+                    ::core::result::Result::Err(__err) => $crate::__private::Outcome::Failed(
+                        $crate::__private::HandlerError::reject(__err),
+                    ),
+                }
+            }
+            ::core::result::Result::Err(__err) => $crate::__private::Outcome::Failed(__err),
+        }
+    }};
+}
+
+/// Runtime settings from `#[ruststream::app(...)]` (RT-1).
+#[derive(Clone, Copy, Debug)]
+pub struct RuntimeConfig {
+    /// `flavor = "current_thread"`.
+    pub current_thread: bool,
+    /// `worker_threads = n` (multi-thread only).
+    pub worker_threads: Option<usize>,
+}
+
+/// What `main` may return under `#[ruststream::app]`.
+pub trait MainOutput {
+    /// Runs what is left to run and reports the exit code.
+    fn finish(self) -> impl Future<Output = std::process::ExitCode>;
+}
+
+impl MainOutput for () {
+    async fn finish(self) -> std::process::ExitCode {
+        std::process::ExitCode::SUCCESS
+    }
+}
+
+impl<B: crate::Broker> MainOutput for crate::App<B> {
+    async fn finish(self) -> std::process::ExitCode {
+        self.run().await.finish().await
+    }
+}
+
+impl<T: MainOutput, E: std::fmt::Display> MainOutput for Result<T, E> {
+    async fn finish(self) -> std::process::ExitCode {
+        match self {
+            Ok(value) => value.finish().await,
+            Err(err) => {
+                eprintln!("Error: {err}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Builds the runtime (RT-1) and runs `main`'s body on it.
+pub fn run_main<F, Fut>(config: RuntimeConfig, main: F) -> std::process::ExitCode
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+    Fut::Output: MainOutput,
+{
+    let mut builder = if config.current_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    if let Some(n) = config.worker_threads {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("Error: cannot start the Tokio runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move { main().await.finish().await })
+}

@@ -1,0 +1,115 @@
+//! [`Text`]: a cheaply clonable UTF-8 string for subjects, keys and header values.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Deref;
+
+use bytes::Bytes;
+
+/// An immutable UTF-8 string backed by [`Bytes`].
+///
+/// Subjects, keys, reply subjects, correlation ids and header values travel with
+/// every delivery; `Text` makes copying them a reference-count increment (or
+/// nothing at all for `&'static str`), so a fan-out or a context clone never
+/// allocates.
+///
+/// ```
+/// use ruststream::Text;
+///
+/// let a = Text::from_static("orders.created");
+/// let b = a.clone();
+/// assert_eq!(&*b, "orders.created");
+/// assert_eq!(Text::from(String::from("x")), "x");
+/// ```
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Text(Bytes);
+
+impl Text {
+    /// Wraps a static string without allocating.
+    pub const fn from_static(s: &'static str) -> Self {
+        Text(Bytes::from_static(s.as_bytes()))
+    }
+
+    /// The string slice.
+    pub fn as_str(&self) -> &str {
+        // SAFETY: every constructor starts from a `str` and the bytes are never
+        // mutated, so they are valid UTF-8. Checking again on every access would
+        // put a UTF-8 scan on the per-message path.
+        unsafe { std::str::from_utf8_unchecked(&self.0) }
+    }
+
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &Bytes {
+        &self.0
+    }
+}
+
+// Hash as `str` does, so `HashMap<Text, _>` can be queried with `&str`
+// (required by the `Borrow<str>` contract).
+impl Hash for Text {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl Deref for Text {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl Borrow<str> for Text {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for Text {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<String> for Text {
+    fn from(s: String) -> Self {
+        Text(Bytes::from(s))
+    }
+}
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Self {
+        Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+}
+
+impl From<&String> for Text {
+    fn from(s: &String) -> Self {
+        Text::from(s.as_str())
+    }
+}
+
+impl PartialEq<str> for Text {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Text {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl fmt::Debug for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
