@@ -13,6 +13,11 @@ use crate::{Codec, Envelope, Error, Json, Message, Result};
 
 /// Typed `publish` and `request` for every [`Broker`], JSON-encoded.
 ///
+/// Values are always JSON here, strings included (`"ada"` is sent with its
+/// quotes). A handler whose body is `String`, `Bytes` or `Vec<u8>` receives the
+/// raw payload, so send it raw bytes with
+/// [`Broker::publish_message`] / [`Requester::request_message`].
+///
 /// ```
 /// use std::time::Duration;
 /// use ruststream::prelude::*;

@@ -28,6 +28,7 @@ pub struct NoBroker;
 /// ```
 /// use ruststream::prelude::*;
 ///
+/// // `String` bodies and replies are raw UTF-8 payloads, not JSON.
 /// #[subscriber("greetings")]
 /// async fn greet(name: String) -> String {
 ///     format!("hello, {name}")
@@ -37,10 +38,10 @@ pub struct NoBroker;
 /// let broker = MemoryBroker::new();
 /// let app = App::new().broker(broker.clone()).subscriber(greet);
 /// let running = app.start().await?;
-/// let reply: String = broker
-///     .request("greetings", &"ada", std::time::Duration::from_secs(1))
+/// let reply = broker
+///     .request_message("greetings", Message::new("ada"), std::time::Duration::from_secs(1))
 ///     .await?;
-/// assert_eq!(reply, "hello, ada");
+/// assert_eq!(reply.payload(), "hello, ada".as_bytes());
 /// running.shutdown().await?;
 /// # Ok::<_, ruststream::Error>(()) }).unwrap();
 /// ```

@@ -1,0 +1,53 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+/// Waits for `fut`, failing the test loudly after `secs` seconds.
+pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(Duration::from_secs(secs), fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {secs}s waiting for: {what}"),
+    }
+}
+
+fn snapshotter() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("no other metrics recorder in the test process");
+        snapshotter
+    })
+}
+
+/// Installs the test recorder (idempotent); call before the code under test.
+pub fn install_metrics() {
+    snapshotter();
+}
+
+/// Current value of counter `name` with label `label_key=label_value`.
+pub fn counter(name: &str, label_key: &str, label_value: &str) -> u64 {
+    snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key().name() == name
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == label_key && l.value() == label_value)
+        })
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum()
+}
