@@ -79,6 +79,19 @@ pub mod prelude {
     pub use serde::{Deserialize, Serialize};
 }
 
+/// The book's and the README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+mod book {
+    #[doc = include_str!("../../README.md")]
+    mod readme {}
+    #[doc = include_str!("../../book/src/subscribers.md")]
+    mod subscribers {}
+    #[doc = include_str!("../../book/src/app.md")]
+    mod app {}
+    #[doc = include_str!("../../book/src/memory-broker.md")]
+    mod memory_broker {}
+}
+
 /// Re-exported for the prelude's derives and for users' convenience.
 pub use bytes;
 pub use serde;

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, every test (unit, integration,
+# doc tests including the book's and the README's examples, trybuild UI cases)
+# and a check that every file the book includes exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "cargo fmt --all --check"
+cargo fmt --all --check
+
+step "cargo clippy --workspace --all-targets --all-features -- -D warnings"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "book: every {{#include}} points at a file"
+missing=0
+while IFS=: read -r page include; do
+  target=$(dirname "$page")/$include
+  target=${target%%:*}
+  if [ ! -f "$target" ]; then
+    echo "missing include in $page: $include"
+    missing=1
+  fi
+done < <(grep -o '{{#include [^}]*}}' -r book/src | sed 's/{{#include \([^}]*\)}}/\1/')
+[ "$missing" = 0 ]
+
+step "cargo test --workspace --all-features"
+cargo test --workspace --all-features
