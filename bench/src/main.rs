@@ -1,1 +1,88 @@
-fn main() {}
+//! `ruststream-bench <scenario> <N>`: runs one scenario over N messages and
+//! prints one line:
+//!
+//! ```text
+//! scenario=<name> msgs=<N> secs=<t> msgs_per_s=<r>[ allocs_per_msg=<x>]
+//! ```
+//!
+//! Environment:
+//! * `RUSTSTREAM_BENCH_RT`: `multi` (default; multi-thread runtime, 2 worker
+//!   threads) or `current` (current-thread runtime, for deterministic
+//!   instruction counts under callgrind).
+//! * `RUSTSTREAM_BENCH_ALLOCS=1`: count allocations in the timed section and
+//!   append `allocs_per_msg`.
+
+mod alloc;
+mod payload;
+mod progress;
+mod scenarios;
+
+use std::process::ExitCode;
+
+#[global_allocator]
+static GLOBAL: alloc::Counting = alloc::Counting;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (scenario, n) = match args.as_slice() {
+        [scenario, n] if scenarios::NAMES.contains(&scenario.as_str()) => match n.parse::<u64>() {
+            Ok(n) if n > 0 => (scenario.as_str(), n),
+            _ => return usage(),
+        },
+        _ => return usage(),
+    };
+    let runtime = match std::env::var("RUSTSTREAM_BENCH_RT").as_deref() {
+        Ok("multi") | Err(_) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build(),
+        Ok("current") => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Ok(other) => {
+            eprintln!("RUSTSTREAM_BENCH_RT must be `multi` or `current`, not `{other}`");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("cannot start the Tokio runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let count_allocs = std::env::var("RUSTSTREAM_BENCH_ALLOCS").is_ok_and(|v| v == "1");
+    if count_allocs {
+        alloc::enable();
+    }
+
+    let payloads = payload::build(n);
+    let measured = runtime.block_on(scenarios::run(scenario, payloads));
+    let m = match measured {
+        Some(Ok(m)) => m,
+        Some(Err(err)) => {
+            eprintln!("scenario {scenario} failed: {err}");
+            return ExitCode::FAILURE;
+        }
+        None => return usage(),
+    };
+
+    let secs = m.elapsed.as_secs_f64();
+    let mut line = format!(
+        "scenario={scenario} msgs={n} secs={secs:.6} msgs_per_s={:.0}",
+        n as f64 / secs
+    );
+    if count_allocs {
+        line += &format!(" allocs_per_msg={:.2}", m.allocs as f64 / n as f64);
+    }
+    println!("{line}");
+    ExitCode::SUCCESS
+}
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: ruststream-bench <scenario> <N>   (N >= 1; scenarios: {})",
+        scenarios::NAMES.join(", ")
+    );
+    ExitCode::from(2)
+}

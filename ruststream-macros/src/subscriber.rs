@@ -216,7 +216,7 @@ fn generate(
     }
     let call_args = sources.iter().map(|s| match s {
         Source::Body => quote!(__body),
-        Source::Ctx => quote!(::core::clone::Clone::clone(&__ctx)),
+        Source::Ctx => quote!(::ruststream::Ctx::from(__envelope)),
     });
     let body_check = quote_spanned! {body_ty.span()=>
         const _: () = ::ruststream::__private::assert_body::<#body_ty>();
@@ -277,7 +277,7 @@ fn generate(
                 fn handle(
                     &self,
                     __body: #body_ty,
-                    __ctx: ::ruststream::Ctx,
+                    __envelope: &::ruststream::Envelope,
                 ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome>
                        + ::core::marker::Send {
                     let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));

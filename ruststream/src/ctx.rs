@@ -19,11 +19,15 @@ pub struct Ctx {
     env: Envelope,
 }
 
-impl Ctx {
-    pub(crate) fn new(env: Envelope) -> Self {
-        Ctx { env }
+impl From<&Envelope> for Ctx {
+    /// The context of the delivery `env` (a cheap, allocation-free copy for
+    /// deliveries without headers).
+    fn from(env: &Envelope) -> Self {
+        Ctx { env: env.clone() }
     }
+}
 
+impl Ctx {
     /// Subject the message arrived on.
     pub fn subject(&self) -> &Text {
         self.env.subject()

@@ -12,7 +12,7 @@ use crate::accept::{AcceptLayer, Verdict};
 use crate::binding::{Broker, Delivery};
 use crate::message::header;
 use crate::subscriber::{Outcome, Subscriber, SubscriberConfig};
-use crate::{BoxError, Ctx, HandlerError, Message, Text, metrics};
+use crate::{BoxError, HandlerError, Message, Text, metrics};
 
 /// Everything one subscriber's deliveries need, shared by its loop (and, in
 /// later modes, its workers).
@@ -43,8 +43,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             Ok(body) => body,
             Err(err) => return self.malformed(delivery, err).await,
         };
-        let ctx = Ctx::new(env.clone());
-        let outcome = AssertUnwindSafe(self.subscriber.handle(body, ctx))
+        let outcome = AssertUnwindSafe(self.subscriber.handle(body, env))
             .catch_unwind()
             .await
             .unwrap_or_else(|panic| Outcome::Failed(HandlerError::panic(panic_message(&*panic))));

@@ -5,7 +5,9 @@ use std::future::Future;
 
 use bytes::Bytes;
 
-use crate::{BoxError, Codec, Ctx, HandlerError, Text};
+#[cfg(doc)]
+use crate::Ctx;
+use crate::{BoxError, Codec, Envelope, HandlerError, Text};
 
 /// How one subscriber consumes: subject, queue group, dead-letter subject and
 /// retry budget. Every `#[subscriber(...)]` argument has a method here, so apps
@@ -103,6 +105,9 @@ pub trait Subscriber: Send + Sync + 'static {
     /// Decodes a payload (JQ-13: a failure never reaches [`handle`](Self::handle)).
     fn decode(&self, payload: &Bytes) -> Result<Self::Body, BoxError>;
 
-    /// Runs the handler on a decoded body.
-    fn handle(&self, body: Self::Body, ctx: Ctx) -> impl Future<Output = Outcome> + Send;
+    /// Runs the handler on a decoded body. `envelope` is the delivery being
+    /// handled; build a [`Ctx`] from it (`Ctx::from(envelope)`) only if the
+    /// handler takes one.
+    fn handle(&self, body: Self::Body, envelope: &Envelope)
+    -> impl Future<Output = Outcome> + Send;
 }
