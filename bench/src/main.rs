@@ -18,6 +18,7 @@ mod progress;
 mod scenarios;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[global_allocator]
 static GLOBAL: alloc::Counting = alloc::Counting;
@@ -57,7 +58,8 @@ fn main() -> ExitCode {
     }
 
     let payloads = payload::build(n);
-    let measured = runtime.block_on(scenarios::run(scenario, payloads));
+    let measured = runtime.block_on(scenarios::run(scenario, Arc::clone(&payloads)));
+    payload::discard(payloads);
     let m = match measured {
         Some(Ok(m)) => m,
         Some(Err(err)) => {

@@ -1,0 +1,171 @@
+//! The scenarios, one function each, all measured the same way: a spawned
+//! task publishes the pre-built payloads as fast as the transport admits them
+//! while the consumer runs; handlers count into [`progress`].
+//!
+//! Publishers hold the payloads through an `Arc`, so freeing them never lands
+//! in a timed section.
+//!
+//! To add a scenario: write `async fn name(payloads: Arc<[Bytes]>) ->
+//! Result<Measurement, BoxError>`, add it to [`NAMES`] and to [`run`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ruststream::bytes::Bytes;
+use ruststream::{App, BoxError, Broker, IntoSubscriber, MemoryBroker, Message, subscriber};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::payload::Order;
+use crate::{alloc, progress};
+
+/// Every scenario, as named on the command line.
+pub const NAMES: &[&str] = &["consume-json", "publish-only", "raw-mpsc"];
+
+/// Runs the scenario `name`; `None` if there is no such scenario.
+pub async fn run(name: &str, payloads: Arc<[Bytes]>) -> Option<Result<Measurement, BoxError>> {
+    Some(match name {
+        "consume-json" => consume_json(payloads).await,
+        "publish-only" => publish_only(payloads).await,
+        "raw-mpsc" => raw_mpsc(payloads).await,
+        _ => return None,
+    })
+}
+
+/// The timed section of one run.
+#[derive(Clone, Copy, Debug)]
+pub struct Measurement {
+    pub elapsed: Duration,
+    pub allocs: u64,
+}
+
+/// A point in time, with the allocation count at that point.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    at: Instant,
+    allocs: u64,
+}
+
+impl Mark {
+    fn now() -> Self {
+        Mark {
+            at: Instant::now(),
+            allocs: alloc::count(),
+        }
+    }
+
+    fn until(self, end: Mark) -> Measurement {
+        Measurement {
+            elapsed: end.at - self.at,
+            allocs: end.allocs - self.allocs,
+        }
+    }
+}
+
+/// Marks of one run: just before the first publish, when the last publish
+/// returned, and when a handler saw the last message.
+struct Timeline {
+    start: Mark,
+    published: Mark,
+    consumed: Mark,
+}
+
+/// A publisher task's result: its `(start, published)` marks.
+type Publisher = JoinHandle<Result<(Mark, Mark), BoxError>>;
+
+/// Default loop, JSON body: the framework's end-to-end cost per message.
+async fn consume_json(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
+    #[subscriber("bench.orders")]
+    async fn handle(order: Order) {
+        order.touch();
+        progress::seen();
+    }
+    let t = through_app(handle, "bench.orders", payloads).await?;
+    Ok(t.start.until(t.consumed))
+}
+
+/// The publishing side alone: time until the last publish returned. The
+/// subscriber takes the raw payload and only counts.
+async fn publish_only(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
+    #[subscriber("bench.count")]
+    async fn count(_payload: Bytes) {
+        progress::seen();
+    }
+    let t = through_app(count, "bench.count", payloads).await?;
+    Ok(t.start.until(t.published))
+}
+
+/// No framework: a bounded tokio channel of the same payloads, decoded with
+/// serde_json by one consumer task.
+async fn raw_mpsc(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
+    progress::expect(payloads.len() as u64);
+    let (tx, mut rx) = mpsc::channel::<Bytes>(1024);
+    let consumer = tokio::spawn(async move {
+        while let Some(payload) = rx.recv().await {
+            let order: Order = serde_json::from_slice(&payload)?;
+            order.touch();
+            progress::seen();
+        }
+        Ok::<_, BoxError>(())
+    });
+    let publisher = tokio::spawn(async move {
+        let start = Mark::now();
+        for payload in payloads.iter() {
+            tx.send(payload.clone()).await?;
+        }
+        Ok((start, Mark::now()))
+    });
+    let t = wait(publisher).await?;
+    consumer.await??;
+    Ok(t.start.until(t.consumed))
+}
+
+/// Starts an app with `subscriber` (listening on `subject`) on a fresh memory
+/// broker, publishes `payloads` to `subject` from a spawned task, waits until
+/// the last one was handled and shuts the app down.
+async fn through_app<M>(
+    subscriber: impl IntoSubscriber<M>,
+    subject: &'static str,
+    payloads: Arc<[Bytes]>,
+) -> Result<Timeline, BoxError> {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(subscriber)
+        .start()
+        .await?;
+    progress::expect(payloads.len() as u64);
+    let publisher = tokio::spawn(async move {
+        let start = Mark::now();
+        for payload in payloads.iter() {
+            broker
+                .publish_message(subject, Message::new(payload.clone()), None)
+                .await?;
+        }
+        Ok((start, Mark::now()))
+    });
+    let timeline = wait(publisher).await?;
+    running.shutdown().await?;
+    Ok(timeline)
+}
+
+/// Waits for both the publisher and the last handled message; a failed
+/// publisher ends the wait instead of leaving it hanging.
+async fn wait(mut publisher: Publisher) -> Result<Timeline, BoxError> {
+    let mut marks = None;
+    let consumed = loop {
+        tokio::select! {
+            () = progress::all_seen() => break Mark::now(),
+            joined = &mut publisher, if marks.is_none() => marks = Some(joined??),
+        }
+    };
+    let (start, published) = match marks {
+        Some(marks) => marks,
+        None => publisher.await??,
+    };
+    Ok(Timeline {
+        start,
+        published,
+        consumed,
+    })
+}
