@@ -62,7 +62,7 @@ pub use codec::{Codec, Json};
 pub use config::{CoreHwm, CoreHwmProfile};
 pub use ctx::Ctx;
 pub use error::{BoxError, Error, HandlerError, Result};
-pub use message::{Envelope, Headers, Message, header};
+pub use message::{Envelope, FRAME_OVERHEAD, Headers, Message, header};
 pub use publish::{Publish, reply_result};
 pub use subscriber::{Outcome, Subscriber, SubscriberConfig};
 pub use text::Text;

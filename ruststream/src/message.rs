@@ -78,6 +78,9 @@ impl Headers {
 
 /// A message to publish: payload plus the metadata a broker carries for it.
 ///
+/// Metadata lives behind one box that exists only when some is set, so a plain
+/// message is two words of payload handle and moves cheaply.
+///
 /// ```
 /// use ruststream::Message;
 ///
@@ -86,53 +89,64 @@ impl Headers {
 ///     .with_key("customer-7")
 ///     .with_correlation_id("c-42");
 /// assert_eq!(m.payload(), "hello".as_bytes());
-/// assert_eq!(m.key(), Some("customer-7"));
+/// assert_eq!(m.key().map(|k| k.as_str()), Some("customer-7"));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Message {
     payload: Bytes,
+    meta: Option<Box<Meta>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Meta {
     headers: Headers,
     key: Option<Text>,
     reply_to: Option<Text>,
     correlation_id: Option<Text>,
 }
 
+static NO_HEADERS: Headers = Headers::new();
+
 impl Message {
     /// A message with this payload and no metadata.
     pub fn new(payload: impl Into<Bytes>) -> Self {
         Message {
             payload: payload.into(),
-            ..Message::default()
+            meta: None,
         }
+    }
+
+    fn meta_mut(&mut self) -> &mut Meta {
+        self.meta.get_or_insert_with(Box::default)
     }
 
     /// Adds (or replaces) a header.
     pub fn with_header(mut self, name: impl Into<Text>, value: impl Into<Text>) -> Self {
-        self.headers.insert(name, value);
+        self.meta_mut().headers.insert(name, value);
         self
     }
 
     /// Replaces all headers.
     pub fn with_headers(mut self, headers: Headers) -> Self {
-        self.headers = headers;
+        self.meta_mut().headers = headers;
         self
     }
 
     /// Sets the ordering/partition key.
     pub fn with_key(mut self, key: impl Into<Text>) -> Self {
-        self.key = Some(key.into());
+        self.meta_mut().key = Some(key.into());
         self
     }
 
     /// Sets the subject a reply should go to.
     pub fn with_reply_to(mut self, subject: impl Into<Text>) -> Self {
-        self.reply_to = Some(subject.into());
+        self.meta_mut().reply_to = Some(subject.into());
         self
     }
 
     /// Sets the correlation id.
     pub fn with_correlation_id(mut self, id: impl Into<Text>) -> Self {
-        self.correlation_id = Some(id.into());
+        self.meta_mut().correlation_id = Some(id.into());
         self
     }
 
@@ -143,34 +157,37 @@ impl Message {
 
     /// Headers.
     pub fn headers(&self) -> &Headers {
-        &self.headers
-    }
-
-    /// The key, if any.
-    pub fn key(&self) -> Option<&str> {
-        self.key.as_deref()
-    }
-
-    /// The reply subject, if any.
-    pub fn reply_to(&self) -> Option<&str> {
-        self.reply_to.as_deref()
-    }
-
-    /// The correlation id, if any.
-    pub fn correlation_id(&self) -> Option<&str> {
-        self.correlation_id.as_deref()
+        self.meta.as_ref().map_or(&NO_HEADERS, |m| &m.headers)
     }
 
     /// Mutable access to the headers.
     pub fn headers_mut(&mut self) -> &mut Headers {
-        &mut self.headers
+        &mut self.meta_mut().headers
     }
 
-    /// Payload plus headers: what a byte high-water mark charges for it.
+    /// The key, if any.
+    pub fn key(&self) -> Option<&Text> {
+        self.meta.as_ref()?.key.as_ref()
+    }
+
+    /// The reply subject, if any.
+    pub fn reply_to(&self) -> Option<&Text> {
+        self.meta.as_ref()?.reply_to.as_ref()
+    }
+
+    /// The correlation id, if any.
+    pub fn correlation_id(&self) -> Option<&Text> {
+        self.meta.as_ref()?.correlation_id.as_ref()
+    }
+
+    /// Payload plus header bytes: the message's own size.
     pub fn byte_len(&self) -> usize {
-        self.payload.len() + self.headers.byte_len()
+        self.payload.len() + self.meta.as_ref().map_or(0, |m| m.headers.byte_len())
     }
 }
+
+/// Fixed bytes one queued frame costs beyond its payload and headers.
+pub const FRAME_OVERHEAD: usize = std::mem::size_of::<Envelope>();
 
 /// What a binding hands the runtime for one received message: the published
 /// [`Message`] plus the subject it arrived on and its delivery attempt.
@@ -211,22 +228,22 @@ impl Envelope {
 
     /// Headers, as received.
     pub fn headers(&self) -> &Headers {
-        &self.message.headers
+        self.message.headers()
     }
 
     /// Ordering/partition key, if the publisher set one.
     pub fn key(&self) -> Option<&Text> {
-        self.message.key.as_ref()
+        self.message.key()
     }
 
     /// Where a reply should be published, for requests.
     pub fn reply_to(&self) -> Option<&Text> {
-        self.message.reply_to.as_ref()
+        self.message.reply_to()
     }
 
     /// Correlation id, if the publisher set one.
     pub fn correlation_id(&self) -> Option<&Text> {
-        self.message.correlation_id.as_ref()
+        self.message.correlation_id()
     }
 
     /// Delivery attempt, starting at 1; a redelivery after `nack` adds one.
@@ -244,8 +261,9 @@ impl Envelope {
         self.message
     }
 
-    /// Bytes charged against a byte high-water mark.
-    pub fn byte_len(&self) -> usize {
-        self.message.byte_len()
+    /// Bytes a queue holding this frame owns: payload, headers and the
+    /// frame's own bookkeeping. What a byte high-water mark charges (JQ-1).
+    pub fn frame_bytes(&self) -> usize {
+        self.message.byte_len() + FRAME_OVERHEAD
     }
 }

@@ -8,13 +8,18 @@ use std::time::Duration;
 
 use common::within;
 use ruststream::{
-    Broker, CoreHwm, Delivery, Error, MemoryBroker, Message, Requester, SubscribeOptions,
-    Subscription, header,
+    Broker, CoreHwm, Delivery, Error, FRAME_OVERHEAD, MemoryBroker, Message, Requester,
+    SubscribeOptions, Subscription, header,
 };
 use tokio::time::Instant;
 
 fn payload(n: usize) -> Message {
     Message::new(vec![b'x'; n])
+}
+
+/// Bytes a queued frame with an `n`-byte payload and no headers owns.
+fn frame(n: usize) -> usize {
+    n + FRAME_OVERHEAD
 }
 
 /// Gives every other task on this current-thread runtime a chance to run
@@ -82,9 +87,9 @@ async fn fan_out_gives_every_subscription_every_message_queue_group_shares_them(
 
 #[tokio::test(start_paused = true)]
 async fn full_hwm_publish_waits_then_fails_with_deadline_exceeded_and_drops_nothing() {
-    // Budget of 100 bytes: two 40-byte frames fit, the third does not.
+    // Two frames fit the budget, the third does not.
     let broker = MemoryBroker::builder()
-        .hwm(CoreHwm::default().budget_bytes(100))
+        .hwm(CoreHwm::default().budget_bytes(frame(40) * 5 / 2))
         .build();
     let mut sub = broker.subscribe(SubscribeOptions::new("q")).await.unwrap();
     broker
@@ -95,7 +100,7 @@ async fn full_hwm_publish_waits_then_fails_with_deadline_exceeded_and_drops_noth
         .publish_message("q", payload(40), None)
         .await
         .unwrap();
-    assert_eq!(broker.queued_bytes(), 80);
+    assert_eq!(broker.queued_bytes(), 2 * frame(40));
 
     let start = Instant::now();
     let deadline = start + Duration::from_millis(250);
@@ -111,7 +116,7 @@ async fn full_hwm_publish_waits_then_fails_with_deadline_exceeded_and_drops_noth
     );
     assert_eq!(
         broker.queued_bytes(),
-        80,
+        2 * frame(40),
         "the refused frame was not admitted"
     );
 
@@ -127,7 +132,7 @@ async fn full_hwm_publish_waits_then_fails_with_deadline_exceeded_and_drops_noth
 #[tokio::test(start_paused = true)]
 async fn waiting_publish_lands_once_space_frees() {
     let broker = MemoryBroker::builder()
-        .hwm(CoreHwm::default().budget_bytes(100))
+        .hwm(CoreHwm::default().budget_bytes(2 * frame(50)))
         .build();
     let mut sub = broker.subscribe(SubscribeOptions::new("q")).await.unwrap();
     broker
@@ -156,7 +161,7 @@ async fn waiting_publish_lands_once_space_frees() {
         !waiting.is_finished(),
         "the third publish must wait for space"
     );
-    assert_eq!(broker.queued_bytes(), 100);
+    assert_eq!(broker.queued_bytes(), 2 * frame(50));
 
     let first = sub.next().await.unwrap(); // frees 50 bytes
     within(5, "the waiting publish", waiting)
@@ -175,7 +180,7 @@ async fn waiting_publish_lands_once_space_frees() {
 #[tokio::test(start_paused = true)]
 async fn full_waiter_slots_fail_at_once() {
     let broker = MemoryBroker::builder()
-        .hwm(CoreHwm::default().budget_bytes(10))
+        .hwm(CoreHwm::default().budget_bytes(frame(10)))
         .max_publish_waiters(1)
         .build();
     let _sub = broker.subscribe(SubscribeOptions::new("q")).await.unwrap();

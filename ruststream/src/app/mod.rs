@@ -120,13 +120,10 @@ impl<B: Broker> App<B> {
     /// brokers close.
     pub async fn run(self) -> Result<()> {
         let running = self.start().await?;
-        tokio::select! {
-            signal = signal::terminate() => {
-                signal.map_err(|e| Error::App(e.into()))?;
-                tracing::info!("shutdown signal received");
-            }
-            () = running.stopped() => {}
-        }
-        running.shutdown().await
+        let signal = signal::terminate().await;
+        tracing::info!("shutdown signal received");
+        let stopped = running.shutdown().await;
+        signal.map_err(|e| Error::App(e.into()))?;
+        stopped
     }
 }

@@ -7,12 +7,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use crate::Result;
 use crate::accept::AcceptLayer;
 use crate::binding::Broker;
 use crate::exec;
+use crate::exec::stop::Stop;
 use crate::pipeline::Unit;
 use crate::subscriber::Subscriber;
 
@@ -40,7 +40,7 @@ pub(crate) trait StartUnit: Send {
     fn start(
         self: Box<Self>,
         layers: Arc<[Arc<dyn AcceptLayer>]>,
-        stop: CancellationToken,
+        stop: Stop,
     ) -> BoxFuture<'static, Result<JoinHandle<()>>>;
 }
 
@@ -67,7 +67,7 @@ impl<B: Broker, S: Subscriber> StartUnit for Pending<B, S> {
     fn start(
         self: Box<Self>,
         layers: Arc<[Arc<dyn AcceptLayer>]>,
-        stop: CancellationToken,
+        stop: Stop,
     ) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
             let subscription = self

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use super::register::{ErasedBroker, StartUnit};
 use crate::accept::AcceptLayer;
+use crate::exec::stop::Stop;
 use crate::{Error, Result};
 
 /// A running app: its subscriber loops are live.
@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// deliveries, the delivery each loop holds is processed and settled, then the
 /// brokers close in reverse registration order.
 pub struct RunningApp {
-    stop: CancellationToken,
+    stop: Stop,
     loops: Vec<JoinHandle<()>>,
     brokers: Vec<Arc<dyn ErasedBroker>>,
 }
@@ -38,7 +38,7 @@ impl RunningApp {
         units: Vec<Box<dyn StartUnit>>,
         layers: Arc<[Arc<dyn AcceptLayer>]>,
     ) -> Result<RunningApp> {
-        let stop = CancellationToken::new();
+        let stop = Stop::default();
         let mut running = RunningApp {
             stop: stop.clone(),
             loops: Vec::with_capacity(units.len()),
@@ -46,7 +46,7 @@ impl RunningApp {
         };
         for unit in units {
             let subject = unit.subject().to_owned();
-            match unit.start(Arc::clone(&layers), stop.child_token()).await {
+            match unit.start(Arc::clone(&layers), stop.clone()).await {
                 Ok(handle) => running.loops.push(handle),
                 Err(err) => {
                     tracing::error!(subject, error = %err, "subscribe failed; stopping");
@@ -60,23 +60,11 @@ impl RunningApp {
         Ok(running)
     }
 
-    /// A token that, when cancelled, begins the graceful stop of every loop.
-    /// Useful to trigger a stop from a handler or another task; the app still
-    /// needs [`shutdown`](Self::shutdown) to finish and close brokers.
-    pub fn stop_token(&self) -> CancellationToken {
-        self.stop.clone()
-    }
-
-    /// Resolves once a stop was requested through [`stop_token`](Self::stop_token).
-    pub async fn stopped(&self) {
-        self.stop.cancelled().await
-    }
-
     /// Graceful stop: loops stop taking new deliveries and settle the one in
     /// hand; then brokers close in reverse registration order. Returns the
     /// first error met; every step still runs.
     pub async fn shutdown(mut self) -> Result<()> {
-        self.stop.cancel();
+        self.stop.stop();
         let mut first_error = None;
         for handle in self.loops.drain(..) {
             if let Err(err) = handle.await {

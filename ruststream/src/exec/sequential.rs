@@ -2,27 +2,26 @@
 //! only after the previous one is settled, so at most one delivery is in
 //! flight and backpressure is simply not polling.
 
-use tokio_util::sync::CancellationToken;
-
+use super::stop::Stop;
 use crate::binding::{Broker, Subscription};
 use crate::pipeline::Unit;
 use crate::subscriber::Subscriber;
 
-/// Runs until `stop` is cancelled or the subscription ends. A delivery taken
+/// Runs until `stop` or the subscription ends. A delivery taken
 /// before `stop` is processed and settled before the loop returns.
 pub(crate) async fn run<B: Broker, S: Subscriber>(
     unit: Unit<B, S>,
     mut subscription: B::Subscription,
-    stop: CancellationToken,
+    stop: Stop,
 ) {
-    while !stop.is_cancelled() {
+    while !stop.is_stopped() {
         let delivery = tokio::select! {
             biased;
             delivery = subscription.next() => match delivery {
                 Some(delivery) => delivery,
                 None => break,
             },
-            () = stop.cancelled() => break,
+            () = stop.wait() => break,
         };
         unit.process(delivery).await;
     }

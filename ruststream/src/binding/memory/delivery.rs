@@ -104,7 +104,7 @@ impl Delivery for MemoryDelivery {
             .with_header(header::ORIGINAL_SUBJECT, subject)
             .with_header(header::ERROR, reason)
             .with_header(header::ATTEMPT, attempt.to_string());
-        let deadline = tokio::time::Instant::now() + broker.publish_timeout;
+        let deadline = super::Deadline::After(broker.publish_timeout);
         match broker.publish(dead_letter, message, deadline).await {
             Ok(()) => Ok(()),
             Err(err) => {

@@ -191,7 +191,7 @@ impl Inner {
         &self,
         subject: &str,
         message: Message,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<()> {
         self.ensure_open()?;
         if let Some(id) = subject.strip_prefix(self.inbox_prefix.as_str()) {
@@ -231,6 +231,25 @@ impl Inner {
     }
 }
 
+/// When a waiting publish gives up.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Deadline {
+    /// At this instant.
+    At(Instant),
+    /// This long after it starts waiting: the clock is read only when a
+    /// publish has to wait, never on the fast path.
+    After(Duration),
+}
+
+impl Deadline {
+    fn resolve(self) -> Instant {
+        match self {
+            Deadline::At(at) => at,
+            Deadline::After(wait) => Instant::now() + wait,
+        }
+    }
+}
+
 /// One publish to every target queue. Each queue is independent, as
 /// subscriptions are on NATS: a queue that stays full until the deadline fails
 /// the publish, and queues that already admitted the message keep it.
@@ -238,18 +257,22 @@ async fn fan_out(
     queues: &[Arc<Queue>],
     subject: &Text,
     message: Message,
-    deadline: Instant,
+    deadline: Deadline,
 ) -> Result<()> {
     let Some((last, rest)) = queues.split_last() else {
         return Ok(());
     };
     for queue in rest {
         queue
-            .push(Envelope::new(subject.clone(), message.clone()), deadline)
+            .push(Envelope::new(subject.clone(), message.clone()), || {
+                deadline.resolve()
+            })
             .await?;
     }
-    last.push(Envelope::new(subject.clone(), message), deadline)
-        .await
+    last.push(Envelope::new(subject.clone(), message), || {
+        deadline.resolve()
+    })
+    .await
 }
 
 impl Broker for MemoryBroker {
@@ -293,7 +316,10 @@ impl Broker for MemoryBroker {
         message: Message,
         deadline: Option<Instant>,
     ) -> Result<()> {
-        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.inner.publish_timeout);
+        let deadline = match deadline {
+            Some(at) => Deadline::At(at),
+            None => Deadline::After(self.inner.publish_timeout),
+        };
         self.inner.publish(subject, message, deadline).await
     }
 
@@ -354,7 +380,11 @@ impl Requester for MemoryBroker {
         let _guard = InboxGuard { inner, id };
         let reply_to = format!("{}{id}", inner.inbox_prefix);
         inner
-            .publish(subject, message.with_reply_to(reply_to), deadline)
+            .publish(
+                subject,
+                message.with_reply_to(reply_to),
+                Deadline::At(deadline),
+            )
             .await?;
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(reply)) => Ok(reply),

@@ -21,6 +21,9 @@ pub(crate) enum Refused {
     Closed,
 }
 
+/// Queue capacity kept after a burst drains.
+const SHRINK_ABOVE: usize = 1024;
+
 struct State {
     items: VecDeque<Envelope>,
     bytes: usize,
@@ -80,7 +83,7 @@ impl Queue {
     // the very path that is already under pressure.
     #[allow(clippy::result_large_err)]
     pub(crate) fn try_push(&self, env: Envelope) -> Result<(), Refused> {
-        let len = env.byte_len();
+        let len = env.frame_bytes();
         let mut state = self.lock();
         if state.closed {
             return Err(Refused::Closed);
@@ -102,12 +105,21 @@ impl Queue {
     /// wait → submit once → `DeadlineExceeded`). Waiter slots are bounded; when
     /// they are all taken the call fails at once. Nothing is dropped to make
     /// room and nothing polls: waiters sleep until a consumer frees bytes.
-    pub(crate) async fn push(&self, env: Envelope, deadline: Instant) -> Result<()> {
+    ///
+    /// `deadline` is computed only if the publish has to wait, so the fast path
+    /// never reads the clock.
+    pub(crate) async fn push(
+        &self,
+        env: Envelope,
+        deadline: impl FnOnce() -> Instant,
+    ) -> Result<()> {
+        tokio::task::coop::consume_budget().await;
         let mut env = match self.try_push(env) {
             Ok(()) => return Ok(()),
             Err(Refused::Closed) => return Err(Error::Closed("subscription closed")),
             Err(Refused::Full(env)) => env,
         };
+        let deadline = deadline();
         let Some(_slot) = self.shared.waiter_slot() else {
             crate::metrics::deadline_exceeded("memory");
             return Err(Error::DeadlineExceeded(
@@ -135,7 +147,7 @@ impl Queue {
     /// admitted once, so it is not refused again: the overshoot is bounded by the
     /// number of deliveries in flight.
     pub(crate) fn requeue(&self, env: Envelope) -> bool {
-        let len = env.byte_len();
+        let len = env.frame_bytes();
         let mut state = self.lock();
         if state.closed {
             return false;
@@ -150,6 +162,9 @@ impl Queue {
 
     /// Takes the head frame, waiting for one; `None` once closed and drained.
     pub(crate) async fn pop(&self) -> Option<Envelope> {
+        // Cooperative budget: a consumer with a backlog still lets the other
+        // tasks of its runtime run.
+        tokio::task::coop::consume_budget().await;
         if let Some(taken) = self.try_pop() {
             return taken;
         }
@@ -167,8 +182,12 @@ impl Queue {
     fn try_pop(&self) -> Option<Option<Envelope>> {
         let mut state = self.lock();
         if let Some(env) = state.items.pop_front() {
-            let len = env.byte_len();
+            let len = env.frame_bytes();
             state.bytes -= len;
+            if state.items.is_empty() && state.items.capacity() > SHRINK_ABOVE {
+                // Give a burst's memory back once it has drained.
+                state.items.shrink_to(SHRINK_ABOVE);
+            }
             drop(state);
             self.shared.release(len);
             return Some(Some(env));
