@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test (unit, integration,
 # doc tests including the book's and the README's examples, trybuild UI cases)
-# and a check that every file the book includes exists.
+# a check that every file the book includes exists, and the quickstart run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,3 +27,6 @@ done < <(grep -o '{{#include [^}]*}}' -r book/src | sed 's/{{#include \([^}]*\)}
 
 step "cargo test --workspace --all-features"
 cargo test --workspace --all-features
+
+step "the quickstart runs and exits 0 on its own"
+timeout 120 cargo run --quiet --example quickstart

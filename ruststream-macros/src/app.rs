@@ -110,7 +110,11 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         Some(n) => quote!(::core::option::Option::Some(#n)),
         None => quote!(::core::option::Option::None),
     };
-    let body_span = block.span();
+    // Type errors about what `main` returns point at its return type.
+    let body_span = match &sig.output {
+        syn::ReturnType::Type(_, ty) => ty.span(),
+        syn::ReturnType::Default => block.span(),
+    };
     let call = quote_spanned! {body_span=>
         ::ruststream::__private::run_main(
             ::ruststream::__private::RuntimeConfig {

@@ -24,10 +24,25 @@ struct Args {
     options: SubscriberArgs,
 }
 
+const SUBJECT_LITERAL: &str =
+    "the subject must be a string literal, e.g. `#[subscriber(\"orders.created\")]`";
+
 fn parse_args(args: TokenStream) -> darling::Result<Args> {
-    let metas = NestedMeta::parse_meta_list(args)?;
+    let first = args.clone().into_iter().next();
+    let metas = NestedMeta::parse_meta_list(args).map_err(|err| match &first {
+        // `#[subscriber(orders.created)]`: say what is wrong, not "expected `,`".
+        Some(proc_macro2::TokenTree::Ident(_)) => darling::Error::custom(SUBJECT_LITERAL)
+            .with_span(&first.as_ref().map_or(err.span(), |t| t.span())),
+        _ => darling::Error::from(err),
+    })?;
     let (subject, rest) = match metas.split_first() {
         Some((NestedMeta::Lit(syn::Lit::Str(subject)), rest)) => (subject.clone(), rest),
+        Some((NestedMeta::Meta(syn::Meta::Path(path)), _)) => {
+            return Err(darling::Error::custom(format!(
+                "{SUBJECT_LITERAL}; constants are not supported"
+            ))
+            .with_span(path));
+        }
         Some((first, _)) => {
             return Err(darling::Error::custom(
                 "the first argument must be the subject, e.g. `#[subscriber(\"orders.created\")]`",
@@ -77,15 +92,17 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     match expand_fn(args, &function) {
         Ok(tokens) => tokens,
         // Keep the function so the rest of the file still type-checks.
-        Err(err) => {
-            let err = err.write_errors();
-            quote!(#function #err)
-        }
+        Err(err) => quote!(#function #err),
     }
 }
 
-fn expand_fn(args: TokenStream, function: &syn::ItemFn) -> darling::Result<TokenStream> {
+fn expand_fn(args: TokenStream, function: &syn::ItemFn) -> Result<TokenStream, TokenStream> {
     let mut errors = darling::Error::accumulator();
+    let mut ranged: Option<syn::Error> = None;
+    let mut push_ranged = |e: syn::Error| match &mut ranged {
+        Some(all) => all.combine(e),
+        None => ranged = Some(e),
+    };
     let args = errors.handle(parse_args(args));
     let sig = &function.sig;
     if sig.asyncness.is_none() {
@@ -94,31 +111,39 @@ fn expand_fn(args: TokenStream, function: &syn::ItemFn) -> darling::Result<Token
         );
     }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        errors.push(
-            darling::Error::custom("a subscriber cannot be generic").with_span(&sig.generics),
-        );
+        push_ranged(syn::Error::new_spanned(
+            &sig.generics,
+            "a subscriber cannot be generic",
+        ));
     }
     let mut sources = Vec::new();
     let mut body: Option<&syn::PatType> = None;
     for input in &sig.inputs {
         match input {
-            FnArg::Receiver(r) => errors.push(
-                darling::Error::custom("a subscriber is a free function; it cannot take `self`")
-                    .with_span(r),
-            ),
+            FnArg::Receiver(r) => push_ranged(syn::Error::new_spanned(
+                r,
+                "a subscriber is a free function; it cannot take `self`",
+            )),
             FnArg::Typed(arg) if is_ctx(&arg.ty) => sources.push(Source::Ctx),
             FnArg::Typed(arg) => {
                 if let Some(first) = body {
                     let first = &first.pat;
-                    errors.push(
-                        darling::Error::custom(format!(
+                    push_ranged(syn::Error::new_spanned(
+                        arg,
+                        format!(
                             "a subscriber takes exactly one body argument, and `{}` already is it; \
                              read metadata through `ctx: Ctx` instead",
                             quote!(#first)
-                        ))
-                        .with_span(arg),
-                    );
+                        ),
+                    ));
                 } else {
+                    if let Type::Reference(r) = &*arg.ty {
+                        push_ranged(syn::Error::new_spanned(
+                            r,
+                            "a body is decoded into an owned value: take `String` instead of `&str`, \
+                             or `Bytes`/`Vec<u8>` instead of `&[u8]`",
+                        ));
+                    }
                     body = Some(arg);
                 }
                 sources.push(Source::Body);
@@ -137,12 +162,19 @@ fn expand_fn(args: TokenStream, function: &syn::ItemFn) -> darling::Result<Token
         ReturnType::Default => quote!(()),
         ReturnType::Type(_, ty) => {
             if let Some(msg) = unsupported_return(ty) {
-                errors.push(darling::Error::custom(msg).with_span(ty));
+                push_ranged(syn::Error::new_spanned(ty, msg));
             }
             quote!(#ty)
         }
     };
-    errors.finish()?;
+    let darling_errors = errors.finish().err().map(darling::Error::write_errors);
+    if darling_errors.is_some() || ranged.is_some() {
+        let mut out = darling_errors.unwrap_or_default();
+        if let Some(e) = ranged {
+            out.extend(e.to_compile_error());
+        }
+        return Err(out);
+    }
     let (Some(args), Some(body)) = (args, body) else {
         unreachable!("errors were reported above")
     };
@@ -218,8 +250,18 @@ fn generate(
         Source::Body => quote!(__body),
         Source::Ctx => quote!(::ruststream::Ctx::from(__envelope)),
     });
-    let body_check = quote_spanned! {body_ty.span()=>
-        const _: () = ::ruststream::__private::assert_body::<#body_ty>();
+    let decode = quote_spanned! {body_ty.span()=>
+        (&&::ruststream::__private::BodyKind::<#body_ty>::new())
+            .decode_body::<#codec>(payload)
+    };
+    let result_check = match &sig.output {
+        ReturnType::Type(_, ty) if matches!(&**ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Result")) =>
+        {
+            quote_spanned! {ty.span()=>
+                const _: () = ::ruststream::__private::assert_result::<#ty>();
+            }
+        }
+        _ => TokenStream::new(),
     };
     let out_span = match &sig.output {
         ReturnType::Default => Span::call_site(),
@@ -247,7 +289,7 @@ fn generate(
         #vis struct #name {}
 
         const _: () = {
-            #body_check
+            #result_check
 
             impl ::core::default::Default for #name {
                 fn default() -> Self {
@@ -269,8 +311,7 @@ fn generate(
                 ) -> ::core::result::Result<#body_ty, ::ruststream::BoxError> {
                     #[allow(unused_imports)]
                     use ::ruststream::__private::{CodecBody as _, RawBody as _};
-                    (&&::ruststream::__private::BodyKind::<#body_ty>::new())
-                        .decode_body::<#codec>(payload)
+                    #decode
                 }
 
                 #[allow(unused_variables)]

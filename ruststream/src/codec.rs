@@ -19,6 +19,11 @@ use crate::BoxError;
 /// let back: Vec<u32> = Json::decode(&bytes).unwrap();
 /// assert_eq!(back, [1, 2, 3]);
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a codec",
+    label = "the `codec` argument must name a type implementing `ruststream::Codec`",
+    note = "use `ruststream::Json` (the default) or implement `ruststream::Codec`"
+)]
 pub trait Codec: Send + Sync + 'static {
     /// MIME type, for brokers that carry one.
     const CONTENT_TYPE: &'static str;

@@ -76,11 +76,16 @@ impl RawBody<String> for &BodyKind<String> {
 /// Codec bodies.
 pub trait CodecBody<T> {
     /// Decodes.
-    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>;
+    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>
+    where
+        T: MessageBody;
 }
 
-impl<T: serde::de::DeserializeOwned> CodecBody<T> for BodyKind<T> {
-    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError> {
+impl<T> CodecBody<T> for BodyKind<T> {
+    fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>
+    where
+        T: MessageBody,
+    {
         C::decode(payload)
     }
 }
@@ -91,11 +96,8 @@ impl<T: serde::de::DeserializeOwned> CodecBody<T> for BodyKind<T> {
     label = "the body argument must be decodable",
     note = "derive `serde::Deserialize` for it, or take `Bytes`, `String` or `Vec<u8>` for the raw payload"
 )]
-pub trait MessageBody: Send + 'static {}
+pub trait MessageBody: serde::de::DeserializeOwned + Send + 'static {}
 impl<T: serde::de::DeserializeOwned + Send + 'static> MessageBody for T {}
-
-/// Compile-time check that `T` can be a body.
-pub const fn assert_body<T: MessageBody>() {}
 
 /// Checks a reply type with a readable error.
 #[diagnostic::on_unimplemented(
@@ -103,11 +105,8 @@ pub const fn assert_body<T: MessageBody>() {}
     label = "unsupported return type",
     note = "return `()`, a `serde::Serialize` value (the reply), `Bytes`/`String`/`Vec<u8>` (a raw reply), or `Result<_, E>` of those where `E: Into<HandlerError>`"
 )]
-pub trait Reply {}
+pub trait Reply: serde::Serialize {}
 impl<T: serde::Serialize> Reply for T {}
-
-/// Compile-time check that a reply value can be encoded.
-pub fn assert_reply<T: Reply>(_: &T) {}
 
 /// Splits a handler's return value into success or failure (autoref:
 /// `Result<_, E>` first, any other type is success).
@@ -187,11 +186,16 @@ impl RawReply<String> for &ReplyKind<String> {
 /// Serializable replies.
 pub trait CodecReply<T> {
     /// Encodes.
-    fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError>;
+    fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError>
+    where
+        T: Reply;
 }
 
-impl<T: serde::Serialize> CodecReply<T> for ReplyKind<T> {
-    fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError> {
+impl<T> CodecReply<T> for ReplyKind<T> {
+    fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError>
+    where
+        T: Reply,
+    {
         C::encode(&value).map(Some)
     }
 }
@@ -210,7 +214,6 @@ macro_rules! __outcome {
         let __value = $value;
         match (&&$crate::__private::ReturnKind::of(&__value)).split(__value) {
             ::core::result::Result::Ok(__reply) => {
-                $crate::__private::assert_reply(&__reply);
                 match (&&$crate::__private::ReplyKind::of(&__reply)).encode_reply::<$codec>(__reply)
                 {
                     ::core::result::Result::Ok(__bytes) => $crate::__private::Outcome::Ack(__bytes),
@@ -234,6 +237,11 @@ pub struct RuntimeConfig {
 }
 
 /// What `main` may return under `#[ruststream::app]`.
+#[diagnostic::on_unimplemented(
+    message = "`#[ruststream::app]` cannot return `{Self}`",
+    label = "unsupported return type for `main`",
+    note = "return `()`, `Result<(), E>` or `Result<App<B>, E>` with `E: Display`"
+)]
 pub trait MainOutput {
     /// Runs what is left to run and reports the exit code.
     fn finish(self) -> impl Future<Output = std::process::ExitCode>;
@@ -287,3 +295,16 @@ where
     };
     runtime.block_on(async move { main().await.finish().await })
 }
+
+/// Checks, for a return type written `Result<_, E>`, that `E` converts into a
+/// [`HandlerError`]; otherwise the `Result` would be taken for a reply value.
+#[diagnostic::on_unimplemented(
+    message = "the error type of `{Self}` does not convert into `HandlerError`",
+    label = "a subscriber's `Err` must become a `HandlerError`",
+    note = "use `Result<_, HandlerError>` or an error type that implements `std::error::Error + Send + Sync + 'static`"
+)]
+pub trait HandlerResult {}
+impl<T, E: Into<HandlerError>> HandlerResult for Result<T, E> {}
+
+/// Compile-time check for `Result` return types.
+pub const fn assert_result<R: HandlerResult>() {}

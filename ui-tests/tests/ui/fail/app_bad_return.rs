@@ -1,0 +1,4 @@
+#[ruststream::app]
+async fn main() -> i32 {
+    0
+}

@@ -1,0 +1,4 @@
+#[ruststream::app]
+async fn main(args: Vec<String>) {
+    let _ = args;
+}

@@ -1,0 +1,2 @@
+#[ruststream::app]
+fn main() {}

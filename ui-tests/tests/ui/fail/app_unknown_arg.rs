@@ -1,0 +1,2 @@
+#[ruststream::app(threads = 4)]
+async fn main() {}

@@ -1,0 +1,2 @@
+#[ruststream::app(flavor = "single_thread")]
+async fn main() {}

@@ -1,0 +1,2 @@
+#[ruststream::app(flavor = "current_thread", worker_threads = 2)]
+async fn main() {}

@@ -1,0 +1,2 @@
+#[ruststream::app(worker_threads = 0)]
+async fn main() {}

@@ -1,0 +1,8 @@
+use ruststream::prelude::*;
+
+#[subscriber(queue_group = "billing", "orders.created")]
+async fn confirm(order: String) {
+    let _ = order;
+}
+
+fn main() {}

@@ -1,0 +1,2 @@
+#[ruststream::app(flavor = "current_thread")]
+async fn main() {}

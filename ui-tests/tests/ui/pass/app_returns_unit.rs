@@ -1,0 +1,2 @@
+#[ruststream::app]
+async fn main() -> () {}
