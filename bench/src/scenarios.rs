@@ -20,12 +20,22 @@ use crate::payload::Order;
 use crate::{alloc, progress};
 
 /// Every scenario, as named on the command line.
-pub const NAMES: &[&str] = &["consume-json", "publish-only", "raw-mpsc"];
+pub const NAMES: &[&str] = &[
+    "consume-json",
+    "consume-workers4",
+    "consume-bykey4",
+    "consume-threads4",
+    "publish-only",
+    "raw-mpsc",
+];
 
 /// Runs the scenario `name`; `None` if there is no such scenario.
 pub async fn run(name: &str, payloads: Arc<[Bytes]>) -> Option<Result<Measurement, BoxError>> {
     Some(match name {
         "consume-json" => consume_json(payloads).await,
+        "consume-workers4" => consume_workers4(payloads).await,
+        "consume-bykey4" => consume_bykey4(payloads).await,
+        "consume-threads4" => consume_threads4(payloads).await,
         "publish-only" => publish_only(payloads).await,
         "raw-mpsc" => raw_mpsc(payloads).await,
         _ => return None,
@@ -81,6 +91,42 @@ async fn consume_json(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
         progress::seen();
     }
     let t = through_app(handle, "bench.orders", payloads).await?;
+    Ok(t.start.until(t.consumed))
+}
+
+/// `workers(4)`: four worker tasks, mailbox of one each.
+async fn consume_workers4(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
+    #[subscriber("bench.workers", workers(4))]
+    async fn handle(order: Order) {
+        order.touch();
+        progress::seen();
+    }
+    let t = through_app(handle, "bench.workers", payloads).await?;
+    Ok(t.start.until(t.consumed))
+}
+
+/// `workers(4, by_key)`: keys cycle over 64 values (the order id mod 64).
+async fn consume_bykey4(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
+    fn key(order: &Order) -> u64 {
+        order.id % 64
+    }
+    #[subscriber("bench.bykey", workers(4, by_key = key))]
+    async fn handle(order: Order) {
+        order.touch();
+        progress::seen();
+    }
+    let t = through_app(handle, "bench.bykey", payloads).await?;
+    Ok(t.start.until(t.consumed))
+}
+
+/// `threads(4)`: four dedicated threads fed through rings of 8.
+async fn consume_threads4(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
+    #[subscriber("bench.threads", threads(4))]
+    async fn handle(order: Order) {
+        order.touch();
+        progress::seen();
+    }
+    let t = through_app(handle, "bench.threads", payloads).await?;
     Ok(t.start.until(t.consumed))
 }
 

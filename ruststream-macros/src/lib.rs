@@ -4,6 +4,7 @@
 
 mod app;
 mod args;
+mod mode;
 mod subscriber;
 
 use proc_macro::TokenStream;
@@ -22,7 +23,9 @@ pub fn app(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Marks an `async fn` as a message handler.
 ///
 /// `#[subscriber("subject", queue_group = "g", dead_letter = "s.dlq",
-/// max_attempts = 3, codec = path::To::Codec)]`. The function keeps its name
+/// max_attempts = 3, codec = path::To::Codec)]`, plus an execution mode:
+/// `workers(n)`, `workers(n, by_key)`, `workers(n, by_key = key_fn)` (with
+/// `max_pending = n`), `threads(n)`, `threads(n, by_key)`. The function keeps its name
 /// and stays directly callable and awaitable; a companion type of the same
 /// name carries the configuration for `App::subscriber`.
 #[proc_macro_attribute]

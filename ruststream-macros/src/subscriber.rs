@@ -9,7 +9,17 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, Pat, ReturnType, Type};
 
-const VALID: &[&str] = &["queue_group", "dead_letter", "max_attempts", "codec"];
+use crate::mode::{self, Pool};
+
+const VALID: &[&str] = &[
+    "queue_group",
+    "dead_letter",
+    "max_attempts",
+    "codec",
+    "workers",
+    "threads",
+    "max_pending",
+];
 
 #[derive(Default, FromMeta)]
 struct SubscriberArgs {
@@ -17,6 +27,9 @@ struct SubscriberArgs {
     dead_letter: Option<String>,
     max_attempts: Option<SpannedValue<u32>>,
     codec: Option<syn::Path>,
+    workers: Option<Pool>,
+    threads: Option<Pool>,
+    max_pending: Option<SpannedValue<usize>>,
 }
 
 struct Args {
@@ -64,6 +77,26 @@ fn parse_args(args: TokenStream) -> darling::Result<Args> {
         return Err(
             darling::Error::custom("`max_attempts` must be at least 1").with_span(&n.span())
         );
+    }
+    if let (Some(_), Some(threads)) = (&options.workers, &options.threads) {
+        return Err(darling::Error::custom(
+            "choose one execution mode: `workers(..)` or `threads(..)`, not both",
+        )
+        .with_span(&threads.span));
+    }
+    if let Some(n) = &options.max_pending {
+        let by_key_workers = options.workers.as_ref().is_some_and(|w| w.by_key.is_some());
+        if !by_key_workers {
+            return Err(darling::Error::custom(
+                "`max_pending` bounds the owner FIFOs of `workers(n, by_key)`; it has no effect here",
+            )
+            .with_span(&n.span()));
+        }
+        if **n == 0 {
+            return Err(
+                darling::Error::custom("`max_pending` must be at least 1").with_span(&n.span())
+            );
+        }
     }
     Ok(Args { subject, options })
 }
@@ -248,8 +281,47 @@ fn generate(
     }
     let call_args = sources.iter().map(|s| match s {
         Source::Body => quote!(__body),
-        Source::Ctx => quote!(::ruststream::Ctx::from(__envelope)),
+        Source::Ctx => quote!(__scope.ctx()),
     });
+    let options = &args.options;
+    config.extend(mode::config_calls(
+        options.workers.as_ref(),
+        options.threads.as_ref(),
+    ));
+    if let Some(n) = &options.max_pending {
+        let n = **n;
+        config.extend(quote!(.max_pending(#n)));
+    }
+    let key_fn = mode::key_fn(
+        options.workers.as_ref().or(options.threads.as_ref()),
+        body_ty,
+    );
+    // `threads(n)` handlers may be `!Send`: they get the local wrapper and no
+    // `SendSubscriber` impl; every other mode requires a `Send` future.
+    let local = options.threads.is_some();
+    let wrapper = if local {
+        quote!(::ruststream::__private::LocalHandler)
+    } else {
+        quote!(::ruststream::__private::Handler)
+    };
+    let send_impl = if local {
+        TokenStream::new()
+    } else {
+        quote_spanned! {sig.ident.span()=>
+            impl ::ruststream::SendSubscriber for #name {
+                fn handle_send(
+                    &self,
+                    __body: #body_ty,
+                    __scope: &::ruststream::Scope<'_>,
+                ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome>
+                       + ::core::marker::Send {
+                    ::ruststream::__private::requires_send_handler_or_threads_n(
+                        <Self as ::ruststream::Subscriber>::handle(self, __body, __scope),
+                    )
+                }
+            }
+        }
+    };
     let decode = quote_spanned! {body_ty.span()=>
         (&&::ruststream::__private::BodyKind::<#body_ty>::new())
             .decode_body::<#codec>(payload)
@@ -274,11 +346,11 @@ fn generate(
 
     quote! {
         #(#attrs)*
-        #vis fn #name(#(#params),*) -> ::ruststream::__private::Handler<
+        #vis fn #name(#(#params),*) -> #wrapper<
             #name,
             impl ::core::future::Future<Output = #output>,
         > {
-            ::ruststream::__private::Handler::new(#asyncness {
+            #wrapper::new(#asyncness {
                 #(#rebinds)*
                 #block
             })
@@ -314,17 +386,20 @@ fn generate(
                     #decode
                 }
 
+                #key_fn
+
                 #[allow(unused_variables)]
                 fn handle(
                     &self,
                     __body: #body_ty,
-                    __envelope: &::ruststream::Envelope,
-                ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome>
-                       + ::core::marker::Send {
+                    __scope: &::ruststream::Scope<'_>,
+                ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome> {
                     let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));
                     async move { #outcome }
                 }
             }
+
+            #send_impl
         };
     }
 }

@@ -1,8 +1,53 @@
-//! [`Ctx`]: what a handler may know about the delivery it is handling.
+//! [`Ctx`]: what a handler may know about the delivery it is handling, and
+//! (with `Ctx<MainRuntime>`) a way to hand work to the application runtime.
+
+use std::fmt;
+use std::future::Future;
 
 use bytes::Bytes;
+use tokio::task::JoinHandle;
 
-use crate::{Envelope, Headers, Text};
+use crate::app::AppHandle;
+use crate::{Envelope, Error, Headers, Text};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Which runtime a [`Ctx`] can hand work to: [`Here`] (nothing extra, the
+/// default) or [`MainRuntime`] (RT-6).
+pub trait CtxRuntime: sealed::Sealed + Send + Sync + 'static {
+    #[doc(hidden)]
+    type Handle: Clone + Send + Sync + 'static;
+    #[doc(hidden)]
+    fn handle(app: &AppHandle) -> Self::Handle;
+}
+
+/// The default [`Ctx`] runtime marker: delivery metadata only.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Here;
+
+/// `Ctx<MainRuntime>` can [`spawn`](Ctx::spawn) and [`run`](Ctx::run) futures
+/// on the application runtime, tracked by the app (RT-6, RT-8). Useful from
+/// `threads(n)` handlers, whose own runtime ends with their thread: a plain
+/// `tokio::spawn` there is not tracked and dies with the thread (RT-11).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MainRuntime;
+
+impl sealed::Sealed for Here {}
+impl sealed::Sealed for MainRuntime {}
+
+impl CtxRuntime for Here {
+    type Handle = ();
+    fn handle(_: &AppHandle) {}
+}
+
+impl CtxRuntime for MainRuntime {
+    type Handle = AppHandle;
+    fn handle(app: &AppHandle) -> AppHandle {
+        app.clone()
+    }
+}
 
 /// The delivery context, taken by a handler as an extra argument.
 ///
@@ -14,20 +59,34 @@ use crate::{Envelope, Headers, Text};
 ///     println!("{} (attempt {}) on {}", event, ctx.attempt(), ctx.subject());
 /// }
 /// ```
-#[derive(Clone, Debug)]
-pub struct Ctx {
+pub struct Ctx<R: CtxRuntime = Here> {
     env: Envelope,
+    runtime: R::Handle,
 }
 
-impl From<&Envelope> for Ctx {
-    /// The context of the delivery `env` (a cheap, allocation-free copy for
-    /// deliveries without headers).
-    fn from(env: &Envelope) -> Self {
-        Ctx { env: env.clone() }
+impl<R: CtxRuntime> Clone for Ctx<R> {
+    fn clone(&self) -> Self {
+        Ctx {
+            env: self.env.clone(),
+            runtime: self.runtime.clone(),
+        }
     }
 }
 
-impl Ctx {
+impl<R: CtxRuntime> fmt::Debug for Ctx<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ctx").field("envelope", &self.env).finish()
+    }
+}
+
+impl<R: CtxRuntime> Ctx<R> {
+    pub(crate) fn new(env: &Envelope, app: &AppHandle) -> Self {
+        Ctx {
+            env: env.clone(),
+            runtime: R::handle(app),
+        }
+    }
+
     /// Subject the message arrived on.
     pub fn subject(&self) -> &Text {
         self.env.subject()
@@ -61,5 +120,38 @@ impl Ctx {
     /// The raw payload (the body argument is its decoded form).
     pub fn payload(&self) -> &Bytes {
         self.env.payload()
+    }
+}
+
+impl Ctx<MainRuntime> {
+    /// Runs `future` on the application runtime, tracked by the app: a
+    /// graceful shutdown waits for it (RT-6, RT-8).
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    /// use ruststream::MainRuntime;
+    ///
+    /// #[subscriber("thumbnails", threads(2))]
+    /// async fn thumbnail(job: String, ctx: Ctx<MainRuntime>) {
+    ///     ctx.spawn(async move { println!("indexing {job} on the app runtime") });
+    /// }
+    /// ```
+    pub fn spawn<F>(&self, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.runtime.spawn(future)
+    }
+
+    /// Runs `future` on the application runtime (tracked) and waits for its
+    /// output: for `Send` work a `threads(n)` handler wants done on the shared
+    /// runtime, such as I/O through clients created there.
+    pub async fn run<F>(&self, future: F) -> Result<F::Output, Error>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.spawn(future).await.map_err(|e| Error::App(e.into()))
     }
 }

@@ -55,16 +55,17 @@ mod text;
 pub mod __private;
 
 pub use accept::{AcceptLayer, Verdict};
-pub use app::{App, IntoSubscriber, NoBroker, RunningApp};
+pub use app::{App, AppHandle, BoundSubscriber, IntoSubscriber, NoBroker, RunningApp};
 pub use binding::memory::{MemoryBroker, MemoryBrokerBuilder, MemoryDelivery, MemorySubscription};
 pub use binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
 pub use codec::{Codec, Json};
 pub use config::{CoreHwm, CoreHwmProfile};
-pub use ctx::Ctx;
+pub use ctx::{Ctx, CtxRuntime, Here, MainRuntime};
 pub use error::{BoxError, Error, HandlerError, Result};
+pub use exec::key_hash;
 pub use message::{Envelope, FRAME_OVERHEAD, Headers, Message, header};
 pub use publish::{Publish, reply_result};
-pub use subscriber::{Outcome, Subscriber, SubscriberConfig};
+pub use subscriber::{Mode, Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
 pub use text::Text;
 
 pub use ruststream_macros::{app, subscriber};
@@ -72,8 +73,8 @@ pub use ruststream_macros::{app, subscriber};
 /// Everything a typical service needs, in one import.
 pub mod prelude {
     pub use crate::{
-        App, Broker, Ctx, Delivery, HandlerError, MemoryBroker, Message, Publish, Requester,
-        RunningApp, Subscription, subscriber,
+        App, Broker, Ctx, Delivery, HandlerError, MainRuntime, MemoryBroker, Message, Publish,
+        Requester, RunningApp, Subscription, subscriber,
     };
     pub use bytes::Bytes;
     pub use serde::{Deserialize, Serialize};
@@ -90,6 +91,8 @@ mod book {
     mod app {}
     #[doc = include_str!("../../book/src/memory-broker.md")]
     mod memory_broker {}
+    #[doc = include_str!("../../book/src/execution-modes.md")]
+    mod execution_modes {}
 }
 
 /// Re-exported for the prelude's derives and for users' convenience.

@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 
 pub use bytes::Bytes;
 
+pub use crate::exec::key_hash;
 pub use crate::subscriber::Outcome;
 pub use crate::{__outcome as outcome, Ctx, HandlerError, SubscriberConfig};
 use crate::{BoxError, Codec};
@@ -35,6 +36,48 @@ impl<S, F: Future> IntoFuture for Handler<S, F> {
     fn into_future(self) -> F {
         self.future
     }
+}
+
+/// What a `#[subscriber(..., threads(n))]` function returns: like [`Handler`],
+/// for handlers that run on dedicated threads and may be `!Send`.
+#[must_use = "a handler does nothing unless awaited"]
+pub struct LocalHandler<S, F> {
+    future: F,
+    _subscriber: PhantomData<fn() -> S>,
+}
+
+impl<S, F> LocalHandler<S, F> {
+    /// Wraps the handler body's future.
+    pub fn new(future: F) -> Self {
+        LocalHandler {
+            future,
+            _subscriber: PhantomData,
+        }
+    }
+}
+
+impl<S, F: Future> IntoFuture for LocalHandler<S, F> {
+    type Output = F::Output;
+    type IntoFuture = F;
+    fn into_future(self) -> F {
+        self.future
+    }
+}
+
+/// Requires a handler future to be `Send`, with advice when it is not.
+#[diagnostic::on_unimplemented(
+    message = "this handler's future is not `Send`",
+    label = "it holds a `!Send` value across an `.await`",
+    note = "a handler that keeps `!Send` state (`Rc`, `RefCell` guards, ...) across `.await` must run on dedicated threads: `#[subscriber(\"...\", threads(n))]`"
+)]
+pub trait SendHandlerFuture: Future + Send {}
+impl<F: Future + Send> SendHandlerFuture for F {}
+
+/// Identity, checking [`SendHandlerFuture`]. Named so that the compiler's
+/// "future cannot be sent between threads safely" error, which names this
+/// function, tells the fix: run the handler on `threads(n)`.
+pub fn requires_send_handler_or_threads_n<F: SendHandlerFuture>(future: F) -> F {
+    future
 }
 
 /// Selects how a body type is decoded (autoref specialization: raw types pass

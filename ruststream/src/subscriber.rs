@@ -5,9 +5,9 @@ use std::future::Future;
 
 use bytes::Bytes;
 
-#[cfg(doc)]
-use crate::Ctx;
-use crate::{BoxError, Codec, Envelope, HandlerError, Text};
+use crate::app::AppHandle;
+use crate::ctx::CtxRuntime;
+use crate::{BoxError, Codec, Ctx, Envelope, HandlerError, Text};
 
 /// How one subscriber consumes: subject, queue group, dead-letter subject and
 /// retry budget. Every `#[subscriber(...)]` argument has a method here, so apps
@@ -28,11 +28,42 @@ pub struct SubscriberConfig {
     pub(crate) queue_group: Option<Text>,
     pub(crate) dead_letter: Option<Text>,
     pub(crate) max_attempts: u32,
+    pub(crate) mode: Mode,
+    pub(crate) max_pending: Option<usize>,
+}
+
+/// How a subscriber's deliveries are scheduled (RT-2 … RT-5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// One delivery at a time, in order (RT-2). The default.
+    #[default]
+    Sequential,
+    /// `n` worker tasks on the app runtime, each with a mailbox of one; at most
+    /// `n` deliveries in flight (RT-3). With `by_key`, deliveries of one key
+    /// run one at a time in arrival order (RT-4).
+    Workers {
+        /// Worker tasks.
+        n: usize,
+        /// Keep per-key order.
+        by_key: bool,
+    },
+    /// `n` OS threads, each with its own current-thread runtime, fed through
+    /// rings of 8 slots; read-ahead at most `n × 9` (RT-5). Handlers may be
+    /// `!Send`.
+    Threads {
+        /// Dedicated threads.
+        n: usize,
+        /// Keep per-key order.
+        by_key: bool,
+    },
 }
 
 impl SubscriberConfig {
     /// Default number of deliveries before a failing message is rejected.
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+    /// Default `max_pending` per worker of a by-key subscriber.
+    pub const DEFAULT_PENDING_PER_WORKER: usize = 16;
 
     /// A subscriber to `subject`, with defaults for everything else.
     pub fn new(subject: impl Into<Text>) -> Self {
@@ -41,6 +72,8 @@ impl SubscriberConfig {
             queue_group: None,
             dead_letter: None,
             max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
+            mode: Mode::Sequential,
+            max_pending: None,
         }
     }
 
@@ -62,6 +95,37 @@ impl SubscriberConfig {
         self
     }
 
+    /// `workers(n)`: `n` deliveries in flight at most (RT-3).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.mode = Mode::Workers { n, by_key: false };
+        self
+    }
+
+    /// `workers(n, by_key)`: per-key order on `n` workers (RT-4).
+    pub fn workers_by_key(mut self, n: usize) -> Self {
+        self.mode = Mode::Workers { n, by_key: true };
+        self
+    }
+
+    /// `threads(n)`: dedicated OS threads (RT-5).
+    pub fn threads(mut self, n: usize) -> Self {
+        self.mode = Mode::Threads { n, by_key: false };
+        self
+    }
+
+    /// `threads(n, by_key)`: dedicated threads with per-key order.
+    pub fn threads_by_key(mut self, n: usize) -> Self {
+        self.mode = Mode::Threads { n, by_key: true };
+        self
+    }
+
+    /// Deliveries a `workers(n, by_key)` subscriber may hold in its owner
+    /// FIFOs at once: its read-ahead bound. Default `16 × n`.
+    pub fn max_pending(mut self, n: usize) -> Self {
+        self.max_pending = Some(n);
+        self
+    }
+
     /// The subject.
     pub fn subject(&self) -> &Text {
         &self.subject
@@ -70,6 +134,32 @@ impl SubscriberConfig {
     /// The retry budget.
     pub fn get_max_attempts(&self) -> u32 {
         self.max_attempts
+    }
+
+    /// The execution mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub(crate) fn pending_limit(&self, workers: usize) -> usize {
+        self.max_pending
+            .unwrap_or(workers * Self::DEFAULT_PENDING_PER_WORKER)
+    }
+
+    /// Checks settings that the builder cannot refuse by type.
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        let bad = |what: &str| {
+            Err(crate::Error::Config(format!(
+                "subscriber `{}`: {what}",
+                self.subject
+            )))
+        };
+        match self.mode {
+            Mode::Workers { n: 0, .. } => bad("workers(n) needs n >= 1"),
+            Mode::Threads { n: 0, .. } => bad("threads(n) needs n >= 1"),
+            _ if self.max_pending == Some(0) => bad("max_pending must be at least 1"),
+            _ => Ok(()),
+        }
     }
 
     pub(crate) fn subscribe_options(&self) -> crate::SubscribeOptions {
@@ -90,9 +180,30 @@ pub enum Outcome {
     Failed(HandlerError),
 }
 
+/// What a handler invocation may look at: the delivery and the app.
+pub struct Scope<'a> {
+    pub(crate) envelope: &'a Envelope,
+    pub(crate) app: &'a AppHandle,
+}
+
+impl<'a> Scope<'a> {
+    /// The delivery being handled.
+    pub fn envelope(&self) -> &'a Envelope {
+        self.envelope
+    }
+
+    /// The handler context for this delivery.
+    pub fn ctx<R: CtxRuntime>(&self) -> Ctx<R> {
+        Ctx::new(self.envelope, self.app)
+    }
+}
+
 /// A message handler with its configuration. `#[subscriber]` implements it for
 /// a hidden companion type of the annotated function; implement it by hand to
 /// build subscribers at run time.
+///
+/// The handler future may be `!Send`: such a subscriber runs only in
+/// `threads(n)` mode. Every other mode needs [`SendSubscriber`] too.
 pub trait Subscriber: Send + Sync + 'static {
     /// The decoded message body.
     type Body: Send + 'static;
@@ -105,9 +216,23 @@ pub trait Subscriber: Send + Sync + 'static {
     /// Decodes a payload (JQ-13: a failure never reaches [`handle`](Self::handle)).
     fn decode(&self, payload: &Bytes) -> Result<Self::Body, BoxError>;
 
-    /// Runs the handler on a decoded body. `envelope` is the delivery being
-    /// handled; build a [`Ctx`] from it (`Ctx::from(envelope)`) only if the
-    /// handler takes one.
-    fn handle(&self, body: Self::Body, envelope: &Envelope)
-    -> impl Future<Output = Outcome> + Send;
+    /// The ordering key of a delivery for `by_key` modes, as a hash. The
+    /// default is the delivery's own key; deliveries without one share a key.
+    fn key(&self, body: &Self::Body, envelope: &Envelope) -> u64 {
+        let _ = body;
+        crate::exec::key_hash(&envelope.key().map(Text::as_str))
+    }
+
+    /// Runs the handler on a decoded body.
+    fn handle(&self, body: Self::Body, scope: &Scope<'_>) -> impl Future<Output = Outcome>;
+}
+
+/// A [`Subscriber`] whose handler future is `Send`: it can run in every mode.
+pub trait SendSubscriber: Subscriber {
+    /// [`Subscriber::handle`], as a `Send` future.
+    fn handle_send(
+        &self,
+        body: Self::Body,
+        scope: &Scope<'_>,
+    ) -> impl Future<Output = Outcome> + Send;
 }

@@ -1,12 +1,14 @@
 //! The application: brokers, subscribers and the runtime that drives them.
 
+mod handle;
 mod register;
 mod running;
 mod signal;
 
 use std::sync::Arc;
 
-pub use register::IntoSubscriber;
+pub use handle::AppHandle;
+pub use register::{BoundSubscriber, IntoSubscriber};
 pub use running::RunningApp;
 
 use self::register::{ErasedBroker, StartUnit};
@@ -96,9 +98,8 @@ impl<B: Broker> App<B> {
     /// Adds a subscriber on the current broker: a `#[subscriber]` function, or
     /// any [`Subscriber`](crate::Subscriber) value.
     pub fn subscriber<M>(mut self, subscriber: impl IntoSubscriber<M>) -> Self {
-        let subscriber = subscriber.into_subscriber();
         self.units
-            .push(register::unit(self.current.clone(), subscriber));
+            .push(subscriber.into_unit(self.current.clone()).0);
         self
     }
 

@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
+use super::AppHandle;
 use crate::Result;
 use crate::accept::AcceptLayer;
 use crate::binding::Broker;
 use crate::exec;
 use crate::exec::stop::Stop;
 use crate::pipeline::Unit;
-use crate::subscriber::Subscriber;
+use crate::subscriber::{Mode, SendSubscriber, Subscriber, SubscriberConfig};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -34,99 +35,170 @@ impl<B: Broker> ErasedBroker for B {
     }
 }
 
+/// What a starting unit gets from the app.
+pub(crate) struct StartContext {
+    pub(crate) layers: Arc<[Arc<dyn AcceptLayer>]>,
+    pub(crate) stop: Stop,
+    pub(crate) app: AppHandle,
+}
+
 /// A subscriber bound to its broker, ready to subscribe and spawn its loop.
 pub(crate) trait StartUnit: Send {
-    fn subject(&self) -> &str;
-    fn start(
-        self: Box<Self>,
-        layers: Arc<[Arc<dyn AcceptLayer>]>,
-        stop: Stop,
-    ) -> BoxFuture<'static, Result<JoinHandle<()>>>;
+    fn config(&self) -> &SubscriberConfig;
+    fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>>;
 }
 
-struct Pending<B, S> {
+/// A subscriber bound to its broker (opaque; made by [`IntoSubscriber`]).
+#[doc(hidden)]
+pub struct BoundSubscriber(pub(crate) Box<dyn StartUnit>);
+
+/// Subscribes and builds the shared [`Unit`].
+async fn open<B: Broker, S: Subscriber>(
     broker: B,
     subscriber: S,
-    config: crate::SubscriberConfig,
-}
-
-pub(crate) fn unit<B: Broker, S: Subscriber>(broker: B, subscriber: S) -> Box<dyn StartUnit> {
-    let config = subscriber.config();
-    Box::new(Pending {
+    config: SubscriberConfig,
+    cx: StartContext,
+) -> Result<(Unit<B, S>, B::Subscription, Stop)> {
+    let subscription = broker.subscribe(config.subscribe_options()).await?;
+    let unit = Unit {
         broker,
         subscriber,
         config,
-    })
+        layers: cx.layers,
+        app: cx.app,
+    };
+    Ok((unit, subscription, cx.stop))
 }
 
-impl<B: Broker, S: Subscriber> StartUnit for Pending<B, S> {
-    fn subject(&self) -> &str {
-        &self.config.subject
+/// A subscriber whose handler future is `Send`: every mode.
+struct SendUnit<B, S> {
+    broker: B,
+    subscriber: S,
+    config: SubscriberConfig,
+}
+
+impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
+    fn config(&self) -> &SubscriberConfig {
+        &self.config
     }
 
-    fn start(
-        self: Box<Self>,
-        layers: Arc<[Arc<dyn AcceptLayer>]>,
-        stop: Stop,
-    ) -> BoxFuture<'static, Result<JoinHandle<()>>> {
+    fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
-            let subscription = self
-                .broker
-                .subscribe(self.config.subscribe_options())
-                .await?;
-            let unit = Unit {
-                broker: self.broker,
-                subscriber: self.subscriber,
-                config: self.config,
-                layers,
+            let mode = self.config.mode;
+            let (unit, sub, stop) = open(self.broker, self.subscriber, self.config, cx).await?;
+            Ok(match mode {
+                Mode::Sequential => tokio::spawn(exec::sequential::run(unit, sub, stop)),
+                Mode::Workers { n, by_key: false } => {
+                    tokio::spawn(exec::workers::run(Arc::new(unit), sub, stop, n))
+                }
+                Mode::Workers { n, by_key: true } => {
+                    tokio::spawn(exec::by_key::run(Arc::new(unit), sub, stop, n))
+                }
+                Mode::Threads { n, by_key } => {
+                    tokio::spawn(exec::threads::run(Arc::new(unit), sub, stop, n, by_key))
+                }
+            })
+        })
+    }
+}
+
+/// A subscriber whose handler future may be `!Send`: dedicated threads only.
+struct LocalUnit<B, S> {
+    broker: B,
+    subscriber: S,
+    config: SubscriberConfig,
+}
+
+impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
+    fn config(&self) -> &SubscriberConfig {
+        &self.config
+    }
+
+    fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
+        Box::pin(async move {
+            let Mode::Threads { n, by_key } = self.config.mode else {
+                return Err(crate::Error::Config(format!(
+                    "subscriber `{}` has a `!Send` handler: it can only run on `threads(n)`",
+                    self.config.subject
+                )));
             };
-            Ok(tokio::spawn(exec::sequential::run(
-                unit,
-                subscription,
+            let (unit, sub, stop) = open(self.broker, self.subscriber, self.config, cx).await?;
+            Ok(tokio::spawn(exec::threads::run(
+                Arc::new(unit),
+                sub,
                 stop,
+                n,
+                by_key,
             )))
         })
     }
 }
 
 /// What [`App::subscriber`](crate::App::subscriber) accepts: a `#[subscriber]`
-/// function or a [`Subscriber`] value. `M` only tells the two apart.
+/// function or a [`SendSubscriber`] value. `M` only tells the forms apart.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a subscriber",
     label = "expected a function annotated with `#[subscriber(...)]` or a `Subscriber` value",
     note = "annotate the handler with `#[subscriber(\"subject\")]` and pass the function itself: `.subscriber(my_handler)`"
 )]
 pub trait IntoSubscriber<M> {
-    /// The subscriber it becomes.
-    type Subscriber: Subscriber;
-    /// Converts.
-    fn into_subscriber(self) -> Self::Subscriber;
+    #[doc(hidden)]
+    fn into_unit<B: Broker>(self, broker: B) -> BoundSubscriber;
 }
 
 #[doc(hidden)]
 pub enum Direct {}
 
-impl<S: Subscriber> IntoSubscriber<Direct> for S {
-    type Subscriber = S;
-    fn into_subscriber(self) -> S {
-        self
+impl<S: SendSubscriber> IntoSubscriber<Direct> for S {
+    fn into_unit<B: Broker>(self, broker: B) -> BoundSubscriber {
+        send_unit(broker, self)
     }
+}
+
+fn send_unit<B: Broker, S: SendSubscriber>(broker: B, subscriber: S) -> BoundSubscriber {
+    let config = subscriber.config();
+    BoundSubscriber(Box::new(SendUnit {
+        broker,
+        subscriber,
+        config,
+    }))
+}
+
+fn local_unit<B: Broker, S: Subscriber>(broker: B, subscriber: S) -> BoundSubscriber {
+    let config = subscriber.config();
+    BoundSubscriber(Box::new(LocalUnit {
+        broker,
+        subscriber,
+        config,
+    }))
 }
 
 macro_rules! handler_fn {
     ($($arg:ident),+) => {
-        impl<F, S, Fut, $($arg),+> IntoSubscriber<fn($($arg),+)> for F
+        impl<F, S, Fut, $($arg),+> IntoSubscriber<(Direct, fn($($arg),+))> for F
         where
             F: Fn($($arg),+) -> crate::__private::Handler<S, Fut>,
+            S: SendSubscriber + Default,
+        {
+            fn into_unit<B: Broker>(self, broker: B) -> BoundSubscriber {
+                send_unit(broker, S::default())
+            }
+        }
+
+        impl<F, S, Fut, $($arg),+> IntoSubscriber<(Local, fn($($arg),+))> for F
+        where
+            F: Fn($($arg),+) -> crate::__private::LocalHandler<S, Fut>,
             S: Subscriber + Default,
         {
-            type Subscriber = S;
-            fn into_subscriber(self) -> S {
-                S::default()
+            fn into_unit<B: Broker>(self, broker: B) -> BoundSubscriber {
+                local_unit(broker, S::default())
             }
         }
     };
 }
+
+#[doc(hidden)]
+pub enum Local {}
 
 handler_fn!(A1);
 handler_fn!(A1, A2);

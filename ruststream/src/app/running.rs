@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
-use super::register::{ErasedBroker, StartUnit};
+use super::AppHandle;
+use super::register::{ErasedBroker, StartContext, StartUnit};
 use crate::accept::AcceptLayer;
 use crate::exec::stop::Stop;
 use crate::{Error, Result};
@@ -16,6 +17,7 @@ use crate::{Error, Result};
 /// brokers close in reverse registration order.
 pub struct RunningApp {
     stop: Stop,
+    app: AppHandle,
     loops: Vec<JoinHandle<()>>,
     brokers: Vec<Arc<dyn ErasedBroker>>,
 }
@@ -38,15 +40,25 @@ impl RunningApp {
         units: Vec<Box<dyn StartUnit>>,
         layers: Arc<[Arc<dyn AcceptLayer>]>,
     ) -> Result<RunningApp> {
+        for unit in &units {
+            unit.config().validate()?;
+        }
         let stop = Stop::default();
+        let app = AppHandle::current();
         let mut running = RunningApp {
             stop: stop.clone(),
+            app: app.clone(),
             loops: Vec::with_capacity(units.len()),
             brokers,
         };
         for unit in units {
-            let subject = unit.subject().to_owned();
-            match unit.start(Arc::clone(&layers), stop.clone()).await {
+            let subject = unit.config().subject().to_string();
+            let cx = StartContext {
+                layers: Arc::clone(&layers),
+                stop: stop.clone(),
+                app: app.clone(),
+            };
+            match unit.start(cx).await {
                 Ok(handle) => running.loops.push(handle),
                 Err(err) => {
                     tracing::error!(subject, error = %err, "subscribe failed; stopping");
@@ -72,6 +84,9 @@ impl RunningApp {
                 first_error.get_or_insert(Error::App(err.into()));
             }
         }
+        // Work handed to the app runtime (`Ctx<MainRuntime>`) finishes
+        // before brokers close (RT-9).
+        self.app.drain().await;
         for broker in self.brokers.iter().rev() {
             if let Err(err) = broker.close().await {
                 tracing::warn!(broker = broker.name(), error = %err, "broker close failed");

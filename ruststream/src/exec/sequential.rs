@@ -5,24 +5,34 @@
 use super::stop::Stop;
 use crate::binding::{Broker, Subscription};
 use crate::pipeline::Unit;
-use crate::subscriber::Subscriber;
+use crate::subscriber::SendSubscriber;
 
-/// Runs until `stop` or the subscription ends. A delivery taken
-/// before `stop` is processed and settled before the loop returns.
-pub(crate) async fn run<B: Broker, S: Subscriber>(
+/// Runs until `stop` or the end of the subscription. A delivery taken before
+/// `stop` is processed and settled before the loop returns.
+pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     unit: Unit<B, S>,
     mut subscription: B::Subscription,
     stop: Stop,
 ) {
-    while !stop.is_stopped() {
-        let delivery = tokio::select! {
-            biased;
-            delivery = subscription.next() => match delivery {
-                Some(delivery) => delivery,
-                None => break,
-            },
-            () = stop.wait() => break,
-        };
+    while let Some(delivery) = next(&mut subscription, &stop).await {
         unit.process(delivery).await;
+    }
+}
+
+/// The next delivery, or `None` once `stop` was called or the subscription
+/// ended. A delivery already available wins over a stop that races it only
+/// if the stop was not yet visible: checked first, so a stopped loop never
+/// takes another delivery.
+pub(crate) async fn next<S: Subscription>(
+    subscription: &mut S,
+    stop: &Stop,
+) -> Option<S::Delivery> {
+    if stop.is_stopped() {
+        return None;
+    }
+    tokio::select! {
+        biased;
+        delivery = subscription.next() => delivery,
+        () = stop.wait() => None,
     }
 }

@@ -1,0 +1,81 @@
+//! `workers(n, by_key)` (RT-4) on owner FIFOs (JQ-9, JQ-10, JQ-22).
+//!
+//! The loop waits until the owner FIFOs hold fewer than `max_pending`
+//! deliveries, takes one from the broker, runs the accept layers and decode
+//! (outside any lock), computes the key and admits the delivery to its owner
+//! in one commit. `n` workers take turns from the ready-owner set: one key runs
+//! on one worker at a time, in arrival order, and a slow key holds only its
+//! own FIFO, never the other keys.
+
+use std::sync::Arc;
+
+use super::owners::{OwnerLimits, OwnerSet};
+use super::sequential::next;
+use super::stop::Stop;
+use crate::binding::{Broker, Delivery, Subscription};
+use crate::pipeline::Unit;
+use crate::subscriber::{SendSubscriber, Subscriber};
+
+type Item<B, S> = (
+    <<B as Broker>::Subscription as Subscription>::Delivery,
+    <S as Subscriber>::Body,
+);
+
+pub(crate) async fn run<B: Broker, S: SendSubscriber>(
+    unit: Arc<Unit<B, S>>,
+    mut subscription: B::Subscription,
+    stop: Stop,
+    n: usize,
+) {
+    let max_pending = unit.config.pending_limit(n);
+    let owners: Arc<OwnerSet<Item<B, S>>> = Arc::new(OwnerSet::new(OwnerLimits {
+        max_count: max_pending,
+        max_bytes: usize::MAX,
+        max_total: max_pending,
+    }));
+    let workers: Vec<_> = (0..n)
+        .map(|_| {
+            let unit = Arc::clone(&unit);
+            let owners = Arc::clone(&owners);
+            tokio::spawn(async move {
+                while let Some(turn) = owners.next_turn().await {
+                    let (delivery, body) = turn.item;
+                    unit.invoke_send(delivery, body).await;
+                    owners.finish(turn.owner, turn.bytes);
+                }
+            })
+        })
+        .collect();
+
+    loop {
+        let has_room = tokio::select! {
+            biased;
+            room = owners.wait_capacity() => room,
+            () = stop.wait() => false,
+        };
+        if !has_room {
+            break;
+        }
+        let Some(delivery) = next(&mut subscription, &stop).await else {
+            break;
+        };
+        let Some((delivery, body)) = unit.prepare(delivery).await else {
+            continue;
+        };
+        let key = unit.subscriber.key(&body, delivery.envelope());
+        let bytes = delivery.envelope().frame_bytes();
+        // The capacity checked above is ours alone (one producer), so this
+        // admits at once; it waits only if a per-owner limit is lower.
+        if owners.admit(key, (delivery, body), bytes).await.is_err() {
+            break;
+        }
+    }
+    // Workers drain every owner FIFO, then stop (deliveries in hand are
+    // processed and settled).
+    owners.close();
+    for worker in workers {
+        if let Err(err) = worker.await {
+            tracing::error!(subject = %unit.config.subject, error = %err, "worker ended abnormally");
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! Owner FIFOs for `workers(n, by_key)` (RT-4): every key is an owner with its
+//! own FIFO; a level-triggered, duplicate-free ready-owner set (JQ-9) feeds the
+//! workers; admission is one atomic commit (JQ-10).
+//!
+//! Invariants, all under one lock:
+//! * an owner is in `ready` exactly when its FIFO is non-empty and no worker
+//!   is running it, so a key's deliveries run one at a time, in order;
+//! * counts and bytes are charged at admission and released when the worker
+//!   finishes the item's turn (JQ-22: the reservation moves with the item from
+//!   the FIFO to the worker without being counted twice or nowhere);
+//! * a failed admission changes nothing (no enqueue-then-remove).
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::pin::pin;
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+/// Per-owner and total limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OwnerLimits {
+    /// Items one owner's FIFO may hold (queued plus running).
+    pub(crate) max_count: usize,
+    /// Bytes one owner's FIFO may hold.
+    pub(crate) max_bytes: usize,
+    /// Items all owners may hold together: the read-ahead bound of a by-key
+    /// subscriber.
+    pub(crate) max_total: usize,
+}
+
+/// Why an admission was refused: a structural limit (JQ-21), distinct from a
+/// deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The owner's FIFO is at its count limit.
+    OwnerCount,
+    /// The owner's FIFO is at its byte limit.
+    OwnerBytes,
+    /// All owners together are at the total limit.
+    Total,
+    /// The set is closed.
+    Closed,
+}
+
+struct Owner<T> {
+    fifo: VecDeque<(T, usize)>,
+    /// Items charged to this owner: queued plus the one running.
+    count: usize,
+    bytes: usize,
+    next_seq: u64,
+    running: bool,
+}
+
+impl<T> Owner<T> {
+    fn new() -> Self {
+        Owner {
+            fifo: VecDeque::new(),
+            count: 0,
+            bytes: 0,
+            next_seq: 0,
+            running: false,
+        }
+    }
+}
+
+struct State<T> {
+    owners: HashMap<u64, Owner<T>>,
+    ready: VecDeque<u64>,
+    total: usize,
+    closed: bool,
+}
+
+/// One item taken by a worker: run it, then call [`OwnerSet::finish`].
+#[derive(Debug)]
+pub(crate) struct Turn<T> {
+    /// The owner (key hash).
+    pub(crate) owner: u64,
+    /// The item.
+    pub(crate) item: T,
+    pub(crate) bytes: usize,
+}
+
+/// Owner FIFOs plus the ready-owner set.
+pub(crate) struct OwnerSet<T> {
+    state: Mutex<State<T>>,
+    limits: OwnerLimits,
+    /// Workers wait here for a ready owner.
+    work: Notify,
+    /// The receive loop waits here for capacity.
+    space: Notify,
+}
+
+impl<T> OwnerSet<T> {
+    /// An empty set.
+    pub(crate) fn new(limits: OwnerLimits) -> Self {
+        OwnerSet {
+            state: Mutex::new(State {
+                owners: HashMap::new(),
+                ready: VecDeque::new(),
+                total: 0,
+                closed: false,
+            }),
+            limits,
+            work: Notify::new(),
+            space: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// JQ-10: checks, reservation, sequence, append and ready-set insert as
+    /// one commit. On refusal the item comes back and nothing changed.
+    pub(crate) fn try_admit(&self, owner: u64, item: T, bytes: usize) -> Result<u64, (Refusal, T)> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err((Refusal::Closed, item));
+        }
+        if state.total >= self.limits.max_total {
+            return Err((Refusal::Total, item));
+        }
+        let limits = self.limits;
+        let (seq, became_ready) = {
+            let o = match state.owners.entry(owner) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => e.insert(Owner::new()),
+            };
+            if o.count >= limits.max_count {
+                return Err((Refusal::OwnerCount, item));
+            }
+            // An empty owner always takes one item, so an item larger than
+            // the byte limit is not refused forever.
+            if o.count > 0 && o.bytes + bytes > limits.max_bytes {
+                return Err((Refusal::OwnerBytes, item));
+            }
+            let seq = o.next_seq;
+            o.next_seq += 1;
+            o.count += 1;
+            o.bytes += bytes;
+            let became_ready = o.fifo.is_empty() && !o.running;
+            o.fifo.push_back((item, bytes));
+            (seq, became_ready)
+        };
+        state.total += 1;
+        if became_ready {
+            state.ready.push_back(owner);
+        }
+        drop(state);
+        if became_ready {
+            self.work.notify_one();
+        }
+        Ok(seq)
+    }
+
+    /// Admits `item`, waiting while a limit refuses it. For the receive loop,
+    /// which already holds the item (JQ-22: an accepted record is never
+    /// capacity-rejected). Returns the item back only if the set closed.
+    pub(crate) async fn admit(&self, owner: u64, mut item: T, bytes: usize) -> Result<u64, T> {
+        loop {
+            let mut space = pin!(self.space.notified());
+            space.as_mut().enable();
+            match self.try_admit(owner, item, bytes) {
+                Ok(seq) => return Ok(seq),
+                Err((Refusal::Closed, back)) => return Err(back),
+                Err((_, back)) => item = back,
+            }
+            space.await;
+        }
+    }
+
+    /// Waits until the total is below its limit (the receive loop calls this
+    /// before taking the next delivery from the broker). False once closed.
+    pub(crate) async fn wait_capacity(&self) -> bool {
+        loop {
+            let mut space = pin!(self.space.notified());
+            space.as_mut().enable();
+            {
+                let state = self.lock();
+                if state.closed {
+                    return false;
+                }
+                if state.total < self.limits.max_total {
+                    return true;
+                }
+            }
+            space.await;
+        }
+    }
+
+    /// The next turn: the head item of the oldest ready owner, which stays
+    /// out of the ready set until [`finish`](Self::finish). `None` once the set
+    /// is closed and fully drained.
+    pub(crate) async fn next_turn(&self) -> Option<Turn<T>> {
+        loop {
+            let mut work = pin!(self.work.notified());
+            work.as_mut().enable();
+            {
+                let mut state = self.lock();
+                // Level-triggered: whatever woke us (or not), re-check the set.
+                if let Some(owner) = state.ready.pop_front() {
+                    let o = state.owners.get_mut(&owner).expect("ready owner exists");
+                    let (item, bytes) = o.fifo.pop_front().expect("ready owner has work");
+                    o.running = true;
+                    let more = !state.ready.is_empty();
+                    drop(state);
+                    if more {
+                        // Hand the remaining work to another idle worker.
+                        self.work.notify_one();
+                    }
+                    return Some(Turn { owner, item, bytes });
+                }
+                if state.closed && state.total == 0 {
+                    return None;
+                }
+            }
+            work.await;
+        }
+    }
+
+    /// Ends a turn: releases its reservation and puts the owner back into the
+    /// ready set if it has more work.
+    pub(crate) fn finish(&self, owner: u64, bytes: usize) {
+        let mut state = self.lock();
+        state.total -= 1;
+        let o = state.owners.get_mut(&owner).expect("running owner exists");
+        o.running = false;
+        o.count -= 1;
+        o.bytes -= bytes;
+        let has_more = !o.fifo.is_empty();
+        if has_more {
+            state.ready.push_back(owner);
+        } else if o.count == 0 {
+            state.owners.remove(&owner);
+        }
+        let drained = state.closed && state.total == 0;
+        drop(state);
+        if has_more {
+            self.work.notify_one();
+        }
+        if drained {
+            self.work.notify_waiters();
+        }
+        self.space.notify_waiters();
+    }
+
+    /// Stops admissions; workers drain what is queued and then see `None`.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.work.notify_waiters();
+        self.space.notify_waiters();
+    }
+
+    /// `(count, bytes, next_seq)` of one owner.
+    #[cfg(test)]
+    pub(crate) fn owner_stats(&self, owner: u64) -> Option<(usize, usize, u64)> {
+        let state = self.lock();
+        state
+            .owners
+            .get(&owner)
+            .map(|o| (o.count, o.bytes, o.next_seq))
+    }
+
+    /// Items held by all owners.
+    #[cfg(test)]
+    pub(crate) fn total(&self) -> usize {
+        self.lock().total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn set(max_count: usize, max_bytes: usize, max_total: usize) -> OwnerSet<u32> {
+        OwnerSet::new(OwnerLimits {
+            max_count,
+            max_bytes,
+            max_total,
+        })
+    }
+
+    /// JQ-10 / JQ-24 item 4: a refused admission changes no counter, no
+    /// sequence and no queue, and says which structural limit refused it.
+    #[test]
+    fn refused_admission_leaves_owner_unchanged() {
+        let owners = set(2, 100, 10);
+        assert_eq!(owners.try_admit(7, 1, 40).unwrap(), 0);
+        assert_eq!(owners.try_admit(7, 2, 40).unwrap(), 1);
+        let before = owners.owner_stats(7).unwrap();
+        assert_eq!(before, (2, 80, 2));
+
+        let (why, back) = owners.try_admit(7, 3, 10).unwrap_err();
+        assert_eq!((why, back), (Refusal::OwnerCount, 3));
+        assert_eq!(owners.owner_stats(7).unwrap(), before);
+        assert_eq!(owners.total(), 2);
+
+        let bytes = set(10, 100, 10);
+        bytes.try_admit(1, 1, 90).unwrap();
+        let before = bytes.owner_stats(1).unwrap();
+        let (why, _) = bytes.try_admit(1, 2, 20).unwrap_err();
+        assert_eq!(why, Refusal::OwnerBytes);
+        assert_eq!(bytes.owner_stats(1).unwrap(), before);
+
+        let total = set(10, 100, 1);
+        total.try_admit(1, 1, 1).unwrap();
+        let (why, _) = total.try_admit(2, 2, 1).unwrap_err();
+        assert_eq!(why, Refusal::Total);
+        assert!(
+            total.owner_stats(2).is_none(),
+            "no owner created by a refusal"
+        );
+    }
+
+    /// JQ-9: an owner is ready once, runs one item at a time, and comes back
+    /// while it has work.
+    #[tokio::test(start_paused = true)]
+    async fn one_turn_per_owner_in_order() {
+        let owners = set(10, 1000, 10);
+        for i in 0..3 {
+            owners.try_admit(1, i, 1).unwrap();
+        }
+        owners.try_admit(2, 100, 1).unwrap();
+        let a = owners.next_turn().await.unwrap();
+        let b = owners.next_turn().await.unwrap();
+        assert_eq!((a.owner, a.item), (1, 0));
+        assert_eq!((b.owner, b.item), (2, 100));
+        // Owner 1 is running: nothing else is ready until it finishes (the
+        // paused clock makes this wait instant and deterministic).
+        let blocked = tokio::time::timeout(Duration::from_secs(1), owners.next_turn()).await;
+        assert!(blocked.is_err(), "owner 1 must not run twice at once");
+        owners.finish(a.owner, a.bytes);
+        let c = owners.next_turn().await.unwrap();
+        assert_eq!((c.owner, c.item), (1, 1));
+        owners.finish(b.owner, b.bytes);
+        assert!(
+            owners.owner_stats(2).is_none(),
+            "an idle empty owner is dropped"
+        );
+    }
+
+    /// No lost wake-up: many waiting workers, admissions from another thread;
+    /// every item is taken exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_lost_wakeup_under_stress() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        const ITEMS: u32 = 20_000;
+        let owners = Arc::new(set(64, usize::MAX, 64));
+        let taken = Arc::new(AtomicU64::new(0));
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let owners = Arc::clone(&owners);
+                let taken = Arc::clone(&taken);
+                tokio::spawn(async move {
+                    while let Some(turn) = owners.next_turn().await {
+                        taken.fetch_add(u64::from(turn.item), Ordering::Relaxed);
+                        owners.finish(turn.owner, turn.bytes);
+                    }
+                })
+            })
+            .collect();
+        for i in 0..ITEMS {
+            assert!(owners.wait_capacity().await);
+            owners.admit(u64::from(i % 97), i, 1).await.unwrap();
+        }
+        owners.close();
+        for w in workers {
+            tokio::time::timeout(Duration::from_secs(10), w)
+                .await
+                .expect("workers drain and stop: no lost wake-up")
+                .unwrap();
+        }
+        let expected: u64 = (0..u64::from(ITEMS)).sum();
+        assert_eq!(taken.load(Ordering::Relaxed), expected);
+        assert_eq!(owners.total(), 0);
+    }
+}

@@ -1,0 +1,464 @@
+//! Execution modes: workers(n) (RT-3), workers(n, by_key) (RT-4, JQ-9/10),
+//! threads(n) (RT-5) and Ctx<MainRuntime> (RT-6).
+
+mod common;
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::within;
+use ruststream::prelude::*;
+use ruststream::{FRAME_OVERHEAD, MainRuntime};
+use tokio::sync::{Notify, Semaphore};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Item {
+    key: u32,
+    seq: u32,
+}
+
+/// A gate handlers wait at until the test opens it.
+struct Gate(Semaphore);
+
+impl Gate {
+    const fn new() -> Self {
+        Gate(Semaphore::const_new(0))
+    }
+    async fn pass(&self) {
+        self.0.acquire().await.expect("gate open").forget();
+    }
+    fn open(&self) {
+        self.0.add_permits(Semaphore::MAX_PERMITS / 2);
+    }
+}
+
+/// Waits until `cond` holds, re-checking after every yield; fails loudly
+/// after `secs`.
+async fn until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    within(secs, what, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+}
+
+fn frame(payload: usize) -> usize {
+    payload + FRAME_OVERHEAD
+}
+
+// ---------------------------------------------------------------------------
+// RT-3: workers(n)
+
+static W_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+static W_MAX: AtomicUsize = AtomicUsize::new(0);
+static W_DONE: AtomicU32 = AtomicU32::new(0);
+static W_ALL: Notify = Notify::const_new();
+static W_GATE: Gate = Gate::new();
+const W_N: u32 = 100;
+
+#[subscriber("modes.workers", workers(4))]
+async fn four_workers(_item: Bytes) {
+    let now = W_IN_FLIGHT.fetch_add(1, Ordering::SeqCst) + 1;
+    W_MAX.fetch_max(now, Ordering::SeqCst);
+    W_GATE.pass().await;
+    W_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    if W_DONE.fetch_add(1, Ordering::SeqCst) + 1 == W_N {
+        W_ALL.notify_one();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt3_workers_reach_n_in_flight_and_never_exceed_it() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(four_workers)
+        .start()
+        .await
+        .unwrap();
+    for _ in 0..W_N {
+        broker
+            .publish_message("modes.workers", Message::new(vec![0u8; 10]), None)
+            .await
+            .unwrap();
+    }
+    until(10, "4 handlers in flight", || {
+        W_IN_FLIGHT.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    // The loop does not poll while all four are busy: exactly 4 have left
+    // the broker's queue.
+    until(10, "the loop to settle", || {
+        broker.queued_bytes() == (W_N as usize - 4) * frame(10)
+    })
+    .await;
+    assert_eq!(W_MAX.load(Ordering::SeqCst), 4);
+
+    W_GATE.open();
+    within(10, "all handled", W_ALL.notified()).await;
+    running.shutdown().await.unwrap();
+    assert_eq!(
+        W_MAX.load(Ordering::SeqCst),
+        4,
+        "never more than n in flight"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// RT-4: workers(n, by_key)
+
+static K_LAST: Mutex<Option<HashMap<u32, u32>>> = Mutex::new(None);
+static K_VIOLATIONS: AtomicU32 = AtomicU32::new(0);
+static K_DONE: AtomicU32 = AtomicU32::new(0);
+static K_ALL: Notify = Notify::const_new();
+const K_KEYS: u32 = 100;
+const K_PER_KEY: u32 = 100;
+
+fn record_in_order(item: &Item) {
+    let mut last = K_LAST.lock().unwrap();
+    let last = last.get_or_insert_with(HashMap::new);
+    let previous = last.insert(item.key, item.seq);
+    if previous.is_some_and(|p| p + 1 != item.seq) || (previous.is_none() && item.seq != 0) {
+        K_VIOLATIONS.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[subscriber("modes.by_key", workers(4, by_key))]
+async fn keyed(item: Item) {
+    record_in_order(&item);
+    // Give other workers a chance to interleave.
+    tokio::task::yield_now().await;
+    if K_DONE.fetch_add(1, Ordering::SeqCst) + 1 == K_KEYS * K_PER_KEY {
+        K_ALL.notify_one();
+    }
+}
+
+/// A deterministic shuffle of (key, seq) pairs that keeps each key's
+/// sequence numbers in publish order.
+fn shuffled_interleaving(keys: u32, per_key: u32) -> Vec<Item> {
+    let mut next = vec![0u32; keys as usize];
+    let mut out = Vec::with_capacity((keys * per_key) as usize);
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    while out.len() < (keys * per_key) as usize {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let key = ((state >> 33) % u64::from(keys)) as u32;
+        if next[key as usize] < per_key {
+            out.push(Item {
+                key,
+                seq: next[key as usize],
+            });
+            next[key as usize] += 1;
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt4_by_key_keeps_each_keys_order_over_10k_shuffled_deliveries() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(keyed)
+        .start()
+        .await
+        .unwrap();
+    for item in shuffled_interleaving(K_KEYS, K_PER_KEY) {
+        let payload = ruststream::serde_json::to_vec(&item).unwrap();
+        let message = Message::new(payload).with_key(format!("k{}", item.key));
+        broker
+            .publish_message("modes.by_key", message, None)
+            .await
+            .unwrap();
+    }
+    within(30, "10k keyed deliveries", K_ALL.notified()).await;
+    running.shutdown().await.unwrap();
+    assert_eq!(K_VIOLATIONS.load(Ordering::SeqCst), 0, "per-key order kept");
+}
+
+static SLOW_GATE: Gate = Gate::new();
+static SLOW_STARTED: Notify = Notify::const_new();
+static SLOW_OTHERS: AtomicU32 = AtomicU32::new(0);
+static SLOW_OTHERS_DONE: Notify = Notify::const_new();
+const SLOW_OTHERS_N: u32 = 1000;
+
+fn tenant(item: &Item) -> u32 {
+    item.key
+}
+
+#[subscriber("modes.slow_key", workers(4, by_key = tenant))]
+async fn one_slow_key(item: Item) {
+    if item.key == 0 {
+        SLOW_STARTED.notify_one();
+        SLOW_GATE.pass().await;
+    } else if SLOW_OTHERS.fetch_add(1, Ordering::SeqCst) + 1 == SLOW_OTHERS_N {
+        SLOW_OTHERS_DONE.notify_one();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt4_a_blocked_key_does_not_stop_other_keys() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(one_slow_key)
+        .start()
+        .await
+        .unwrap();
+    broker
+        .publish("modes.slow_key", &Item { key: 0, seq: 0 })
+        .await
+        .unwrap();
+    within(
+        5,
+        "the slow key's handler to start",
+        SLOW_STARTED.notified(),
+    )
+    .await;
+    // Key 0 blocks; more of key 0 queue behind it, and every other key flows.
+    broker
+        .publish("modes.slow_key", &Item { key: 0, seq: 1 })
+        .await
+        .unwrap();
+    for seq in 0..SLOW_OTHERS_N {
+        broker
+            .publish(
+                "modes.slow_key",
+                &Item {
+                    key: 1 + seq % 50,
+                    seq,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    within(
+        10,
+        "other keys while key 0 is blocked",
+        SLOW_OTHERS_DONE.notified(),
+    )
+    .await;
+    SLOW_GATE.open();
+    running.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// RT-5: threads(n)
+
+static T_IN_HAND: AtomicUsize = AtomicUsize::new(0);
+static T_WRONG_THREAD: AtomicBool = AtomicBool::new(false);
+static T_GATE: Gate = Gate::new();
+static T_DONE: AtomicU32 = AtomicU32::new(0);
+static T_ALL: Notify = Notify::const_new();
+static T_SPAWNED_ON: Mutex<Vec<tokio::runtime::Id>> = Mutex::new(Vec::new());
+static T_HANDLER_ON: Mutex<Vec<tokio::runtime::Id>> = Mutex::new(Vec::new());
+const T_N: u32 = 40;
+
+#[subscriber("modes.threads", threads(2))]
+async fn on_threads(_item: Bytes, ctx: Ctx<MainRuntime>) {
+    // `!Send` state held across an await: fine on a dedicated thread.
+    let local = Rc::new(std::cell::Cell::new(0u32));
+    let name = std::thread::current().name().unwrap_or("").to_owned();
+    if !name.starts_with("ruststream-thread-") {
+        T_WRONG_THREAD.store(true, Ordering::SeqCst);
+    }
+    T_HANDLER_ON
+        .lock()
+        .unwrap()
+        .push(tokio::runtime::Handle::current().id());
+    T_IN_HAND.fetch_add(1, Ordering::SeqCst);
+    T_GATE.pass().await;
+    local.set(local.get() + 1);
+    let spawned_on = ctx
+        .run(async { tokio::runtime::Handle::current().id() })
+        .await
+        .unwrap();
+    T_SPAWNED_ON.lock().unwrap().push(spawned_on);
+    if T_DONE.fetch_add(1, Ordering::SeqCst) + 1 == T_N {
+        T_ALL.notify_one();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt5_threads_read_ahead_is_n_times_9_and_handlers_run_on_dedicated_threads() {
+    let app_runtime = tokio::runtime::Handle::current().id();
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(on_threads)
+        .start()
+        .await
+        .unwrap();
+    for _ in 0..T_N {
+        broker
+            .publish_message("modes.threads", Message::new(vec![1u8; 10]), None)
+            .await
+            .unwrap();
+    }
+    // Both threads hold one delivery each, blocked; each ring holds 8.
+    until(10, "2 handlers in hand", || {
+        T_IN_HAND.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let left_the_broker = || T_N as usize - broker.queued_bytes() / frame(10);
+    until(10, "the rings to fill", || left_the_broker() == 2 * 9).await;
+    // Give a feeder that over-reads every chance to show it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        left_the_broker(),
+        18,
+        "exactly n x 9 deliveries left the broker"
+    );
+
+    T_GATE.open();
+    within(10, "all handled", T_ALL.notified()).await;
+    running.shutdown().await.unwrap();
+    assert!(
+        !T_WRONG_THREAD.load(Ordering::SeqCst),
+        "handlers run on dedicated threads"
+    );
+    let handler_runtimes = T_HANDLER_ON.lock().unwrap().clone();
+    assert!(handler_runtimes.iter().all(|id| *id != app_runtime));
+    let spawned = T_SPAWNED_ON.lock().unwrap().clone();
+    assert_eq!(spawned.len(), T_N as usize);
+    assert!(
+        spawned.iter().all(|id| *id == app_runtime),
+        "Ctx<MainRuntime>::run executes on the app runtime"
+    );
+}
+
+static TK_VIOLATIONS: AtomicU32 = AtomicU32::new(0);
+static TK_LAST: Mutex<Option<HashMap<u32, u32>>> = Mutex::new(None);
+static TK_DONE: AtomicU32 = AtomicU32::new(0);
+static TK_ALL: Notify = Notify::const_new();
+const TK_KEYS: u32 = 16;
+const TK_PER_KEY: u32 = 100;
+
+#[subscriber("modes.threads_by_key", threads(3, by_key = tenant))]
+async fn threads_keyed(item: Item) {
+    {
+        let mut last = TK_LAST.lock().unwrap();
+        let last = last.get_or_insert_with(HashMap::new);
+        let previous = last.insert(item.key, item.seq);
+        if previous.map_or(item.seq != 0, |p| p + 1 != item.seq) {
+            TK_VIOLATIONS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    tokio::task::yield_now().await;
+    if TK_DONE.fetch_add(1, Ordering::SeqCst) + 1 == TK_KEYS * TK_PER_KEY {
+        TK_ALL.notify_one();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt5_threads_by_key_keeps_each_keys_order() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(threads_keyed)
+        .start()
+        .await
+        .unwrap();
+    for item in shuffled_interleaving(TK_KEYS, TK_PER_KEY) {
+        broker.publish("modes.threads_by_key", &item).await.unwrap();
+    }
+    within(30, "keyed deliveries on threads", TK_ALL.notified()).await;
+    running.shutdown().await.unwrap();
+    assert_eq!(TK_VIOLATIONS.load(Ordering::SeqCst), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Builder equivalents: modes configured without the macro.
+
+static B_DONE: Notify = Notify::const_new();
+
+struct Counter;
+
+impl ruststream::Subscriber for Counter {
+    type Body = u32;
+    type Codec = ruststream::Json;
+
+    fn config(&self) -> ruststream::SubscriberConfig {
+        ruststream::SubscriberConfig::new("modes.builder").workers_by_key(3)
+    }
+
+    fn decode(&self, payload: &Bytes) -> Result<u32, ruststream::BoxError> {
+        <ruststream::Json as ruststream::Codec>::decode(payload)
+    }
+
+    fn key(&self, body: &u32, _: &ruststream::Envelope) -> u64 {
+        ruststream::key_hash(&(body % 7))
+    }
+
+    async fn handle(&self, body: u32, _: &ruststream::Scope<'_>) -> ruststream::Outcome {
+        if body == 99 {
+            B_DONE.notify_one();
+        }
+        ruststream::Outcome::Ack(None)
+    }
+}
+
+impl ruststream::SendSubscriber for Counter {
+    fn handle_send(
+        &self,
+        body: u32,
+        scope: &ruststream::Scope<'_>,
+    ) -> impl Future<Output = ruststream::Outcome> + Send {
+        ruststream::Subscriber::handle(self, body, scope)
+    }
+}
+
+#[tokio::test]
+async fn modes_are_configurable_without_the_macro() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(Counter)
+        .start()
+        .await
+        .unwrap();
+    for i in 0..100u32 {
+        broker.publish("modes.builder", &i).await.unwrap();
+    }
+    within(5, "builder-configured by-key subscriber", B_DONE.notified()).await;
+    running.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn zero_workers_from_the_builder_is_a_startup_error() {
+    struct Zero;
+    impl ruststream::Subscriber for Zero {
+        type Body = Bytes;
+        type Codec = ruststream::Json;
+        fn config(&self) -> ruststream::SubscriberConfig {
+            ruststream::SubscriberConfig::new("modes.zero").workers(0)
+        }
+        fn decode(&self, payload: &Bytes) -> Result<Bytes, ruststream::BoxError> {
+            Ok(payload.clone())
+        }
+        async fn handle(&self, _: Bytes, _: &ruststream::Scope<'_>) -> ruststream::Outcome {
+            ruststream::Outcome::Ack(None)
+        }
+    }
+    impl ruststream::SendSubscriber for Zero {
+        fn handle_send(
+            &self,
+            body: Bytes,
+            scope: &ruststream::Scope<'_>,
+        ) -> impl Future<Output = ruststream::Outcome> + Send {
+            ruststream::Subscriber::handle(self, body, scope)
+        }
+    }
+    let err = App::new()
+        .broker(MemoryBroker::new())
+        .subscriber(Zero)
+        .start()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ruststream::Error::Config(_)), "{err:?}");
+}
