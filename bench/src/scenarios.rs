@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ruststream::bytes::Bytes;
-use ruststream::{App, BoxError, Broker, IntoSubscriber, MemoryBroker, Message, subscriber};
+use ruststream::{
+    App, BoxError, Broker, IntoSubscriber, MemoryBroker, Message, Requester, subscriber,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -25,6 +27,7 @@ pub const NAMES: &[&str] = &[
     "consume-workers4",
     "consume-bykey4",
     "consume-threads4",
+    "request-reply",
     "publish-only",
     "raw-mpsc",
 ];
@@ -36,6 +39,7 @@ pub async fn run(name: &str, payloads: Arc<[Bytes]>) -> Option<Result<Measuremen
         "consume-workers4" => consume_workers4(payloads).await,
         "consume-bykey4" => consume_bykey4(payloads).await,
         "consume-threads4" => consume_threads4(payloads).await,
+        "request-reply" => request_reply(payloads).await,
         "publish-only" => publish_only(payloads).await,
         "raw-mpsc" => raw_mpsc(payloads).await,
         _ => return None,
@@ -128,6 +132,39 @@ async fn consume_threads4(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxErro
     }
     let t = through_app(handle, "bench.threads", payloads).await?;
     Ok(t.start.until(t.consumed))
+}
+
+/// N sequential request/reply round trips from a spawned client task; the
+/// handler decodes the order and replies with its id.
+async fn request_reply(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
+    #[subscriber("bench.rpc")]
+    async fn handle(order: Order) -> u64 {
+        order.touch();
+        order.id
+    }
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(handle)
+        .start()
+        .await?;
+    let client = tokio::spawn(async move {
+        let start = Mark::now();
+        for payload in payloads.iter() {
+            let reply = broker
+                .request_message(
+                    "bench.rpc",
+                    Message::new(payload.clone()),
+                    Duration::from_secs(10),
+                )
+                .await?;
+            std::hint::black_box(reply.payload().len());
+        }
+        Ok::<_, BoxError>(start.until(Mark::now()))
+    });
+    let measured = client.await??;
+    running.shutdown().await?;
+    Ok(measured)
 }
 
 /// The publishing side alone: time until the last publish returned. The

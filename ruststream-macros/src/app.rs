@@ -7,17 +7,34 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
-const VALID: &[&str] = &["flavor", "worker_threads"];
+const VALID: &[&str] = &["flavor", "worker_threads", "shutdown_timeout"];
 
 #[derive(Default, FromMeta)]
 struct AppArgs {
     flavor: Option<SpannedValue<String>>,
     worker_threads: Option<SpannedValue<usize>>,
+    shutdown_timeout: Option<SpannedValue<String>>,
 }
 
 struct Config {
     current_thread: bool,
     worker_threads: Option<usize>,
+    shutdown_timeout_ms: Option<u64>,
+}
+
+/// `"500ms"`, `"30s"`, `"2m"`, `"1h"` in milliseconds.
+fn parse_duration_ms(text: &str) -> Option<u64> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let factor = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return None,
+    };
+    number.checked_mul(factor)
 }
 
 impl AppArgs {
@@ -52,9 +69,23 @@ impl AppArgs {
                 );
             }
         }
+        let shutdown_timeout_ms = self.shutdown_timeout.as_ref().and_then(|t| {
+            let ms = parse_duration_ms(t.as_str());
+            if ms.is_none() {
+                errors.push(
+                    darling::Error::custom(format!(
+                        "invalid duration `{}`; write e.g. \"500ms\", \"30s\", \"2m\" or \"1h\"",
+                        t.as_str()
+                    ))
+                    .with_span(&t.span()),
+                );
+            }
+            ms
+        });
         errors.finish_with(Config {
             current_thread,
             worker_threads: self.worker_threads.map(|n| *n),
+            shutdown_timeout_ms,
         })
     }
 }
@@ -77,6 +108,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             Config {
                 current_thread: false,
                 worker_threads: None,
+                shutdown_timeout_ms: None,
             }
         }
     };
@@ -106,6 +138,10 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         syn::ReturnType::Type(_, ty) => quote!(#ty),
     };
     let current_thread = config.current_thread;
+    let shutdown_timeout = match config.shutdown_timeout_ms {
+        Some(ms) => quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#ms))),
+        None => quote!(::core::option::Option::None),
+    };
     let worker_threads = match config.worker_threads {
         Some(n) => quote!(::core::option::Option::Some(#n)),
         None => quote!(::core::option::Option::None),
@@ -120,6 +156,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             ::ruststream::__private::RuntimeConfig {
                 current_thread: #current_thread,
                 worker_threads: #worker_threads,
+                shutdown_timeout: #shutdown_timeout,
             },
             __ruststream_body,
         )

@@ -11,8 +11,9 @@ use proc_macro::TokenStream;
 
 /// Turns `async fn main` into a program that runs on a Tokio runtime (RT-1).
 ///
-/// Arguments: `flavor = "multi_thread"` (default) or `"current_thread"`, and
-/// `worker_threads = n` (multi-thread only). `main` may return `()`,
+/// Arguments: `flavor = "multi_thread"` (default) or `"current_thread"`,
+/// `worker_threads = n` (multi-thread only), and `shutdown_timeout = "30s"`
+/// (bounds the graceful shutdown of an `App` returned by `main`). `main` may return `()`,
 /// `Result<(), E>`, or `Result<App<B>, E>`: an app is run until SIGINT/SIGTERM
 /// and then shut down gracefully.
 #[proc_macro_attribute]

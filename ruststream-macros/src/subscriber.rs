@@ -19,6 +19,7 @@ const VALID: &[&str] = &[
     "workers",
     "threads",
     "max_pending",
+    "fail_fast",
 ];
 
 #[derive(Default, FromMeta)]
@@ -30,6 +31,7 @@ struct SubscriberArgs {
     workers: Option<Pool>,
     threads: Option<Pool>,
     max_pending: Option<SpannedValue<usize>>,
+    fail_fast: darling::util::Flag,
 }
 
 struct Args {
@@ -105,12 +107,20 @@ fn parse_args(args: TokenStream) -> darling::Result<Args> {
 enum Source {
     Body,
     Ctx,
+    State,
 }
 
-fn is_ctx(ty: &Type) -> bool {
-    match ty {
-        Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "Ctx"),
-        _ => false,
+/// The extractor a parameter type names, by its last path segment: `Ctx`,
+/// `Ctx<MainRuntime>`, `State<T>`; anything else is the body.
+fn extractor(ty: &Type) -> Option<Source> {
+    let Type::Path(p) = ty else { return None };
+    let last = p.path.segments.last()?;
+    if last.ident == "Ctx" {
+        Some(Source::Ctx)
+    } else if last.ident == "State" && !last.arguments.is_empty() {
+        Some(Source::State)
+    } else {
+        None
     }
 }
 
@@ -157,7 +167,9 @@ fn expand_fn(args: TokenStream, function: &syn::ItemFn) -> Result<TokenStream, T
                 r,
                 "a subscriber is a free function; it cannot take `self`",
             )),
-            FnArg::Typed(arg) if is_ctx(&arg.ty) => sources.push(Source::Ctx),
+            FnArg::Typed(arg) if extractor(&arg.ty).is_some() => {
+                sources.extend(extractor(&arg.ty));
+            }
             FnArg::Typed(arg) => {
                 if let Some(first) = body {
                     let first = &first.pat;
@@ -282,6 +294,7 @@ fn generate(
     let call_args = sources.iter().map(|s| match s {
         Source::Body => quote!(__body),
         Source::Ctx => quote!(__scope.ctx()),
+        Source::State => quote!(__scope.state()),
     });
     let options = &args.options;
     config.extend(mode::config_calls(
@@ -291,6 +304,9 @@ fn generate(
     if let Some(n) = &options.max_pending {
         let n = **n;
         config.extend(quote!(.max_pending(#n)));
+    }
+    if options.fail_fast.is_present() {
+        config.extend(quote!(.fail_fast(true)));
     }
     let key_fn = mode::key_fn(
         options.workers.as_ref().or(options.threads.as_ref()),

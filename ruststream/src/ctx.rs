@@ -3,11 +3,14 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
 use crate::app::AppHandle;
+use crate::tasks::FollowUps;
 use crate::{Envelope, Error, Headers, Text};
 
 mod sealed {
@@ -62,6 +65,7 @@ impl CtxRuntime for MainRuntime {
 pub struct Ctx<R: CtxRuntime = Here> {
     env: Envelope,
     runtime: R::Handle,
+    follow_ups: Arc<FollowUps>,
 }
 
 impl<R: CtxRuntime> Clone for Ctx<R> {
@@ -69,6 +73,7 @@ impl<R: CtxRuntime> Clone for Ctx<R> {
         Ctx {
             env: self.env.clone(),
             runtime: self.runtime.clone(),
+            follow_ups: Arc::clone(&self.follow_ups),
         }
     }
 }
@@ -80,11 +85,44 @@ impl<R: CtxRuntime> fmt::Debug for Ctx<R> {
 }
 
 impl<R: CtxRuntime> Ctx<R> {
-    pub(crate) fn new(env: &Envelope, app: &AppHandle) -> Self {
+    pub(crate) fn new(env: &Envelope, app: &AppHandle, follow_ups: Arc<FollowUps>) -> Self {
         Ctx {
             env: env.clone(),
             runtime: R::handle(app),
+            follow_ups,
         }
+    }
+
+    /// Runs `continuation` after this delivery is acked, as a task the app
+    /// tracks: it starts at most once, only if the handler succeeds, and a
+    /// graceful shutdown waits for it (RT-8).
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// #[subscriber("orders")]
+    /// async fn confirm(id: u64, ctx: Ctx) {
+    ///     ctx.and_after(async move { println!("order {id} acked; emailing") });
+    /// }
+    /// ```
+    pub fn and_after(&self, continuation: impl Future<Output = ()> + Send + 'static) {
+        self.follow_ups.and_after(Box::pin(continuation));
+    }
+
+    /// Asks for this message again after `delay`: the delivery is acked, and
+    /// a tracked timer republishes it to its subject with the attempt count
+    /// plus one. Past the subscriber's `max_attempts` it is rejected
+    /// (dead-lettered) instead. A timer pending at shutdown publishes at once,
+    /// with the remaining delay in a header the next consumer honours (RT-8,
+    /// RT-10).
+    pub fn retry_after(&self, delay: Duration) {
+        self.follow_ups.retry_after(delay);
+    }
+
+    /// The shared state of type `T` registered with
+    /// [`App::state`](crate::App::state).
+    pub fn state<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        self.follow_ups.app.state::<T>()
     }
 
     /// Subject the message arrived on.
@@ -112,9 +150,10 @@ impl<R: CtxRuntime> Ctx<R> {
         self.env.correlation_id()
     }
 
-    /// Delivery attempt: 1 for the first delivery, +1 per redelivery.
+    /// Delivery attempt: 1 for the first delivery, +1 per redelivery or
+    /// `retry_after`.
     pub fn attempt(&self) -> u32 {
-        self.env.attempt()
+        self.env.total_attempt()
     }
 
     /// The raw payload (the body argument is its decoded form).

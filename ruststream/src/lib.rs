@@ -48,6 +48,7 @@ pub mod metrics;
 mod pipeline;
 mod publish;
 mod subscriber;
+mod tasks;
 mod text;
 
 #[doc(hidden)]
@@ -65,7 +66,7 @@ pub use error::{BoxError, Error, HandlerError, Result};
 pub use exec::key_hash;
 pub use message::{Envelope, FRAME_OVERHEAD, Headers, Message, header};
 pub use publish::{Publish, reply_result};
-pub use subscriber::{Mode, Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
+pub use subscriber::{Mode, Outcome, Scope, SendSubscriber, State, Subscriber, SubscriberConfig};
 pub use text::Text;
 
 pub use ruststream_macros::{app, subscriber};
@@ -74,7 +75,7 @@ pub use ruststream_macros::{app, subscriber};
 pub mod prelude {
     pub use crate::{
         App, Broker, Ctx, Delivery, HandlerError, MainRuntime, MemoryBroker, Message, Publish,
-        Requester, RunningApp, Subscription, subscriber,
+        Requester, RunningApp, State, Subscription, subscriber,
     };
     pub use bytes::Bytes;
     pub use serde::{Deserialize, Serialize};

@@ -14,6 +14,11 @@ pub mod header {
     pub const ORIGINAL_SUBJECT: &str = "ruststream-original-subject";
     /// Attempt number at which a message was dead-lettered.
     pub const ATTEMPT: &str = "ruststream-attempt";
+    /// How many times `retry_after` republished a message.
+    pub const RETRIES: &str = "ruststream-retries";
+    /// Delay a `retry_after` still had to wait when a shutdown published it
+    /// early; the next consumer re-arms it.
+    pub const RETRY_DELAY_MS: &str = "ruststream-retry-delay-ms";
 }
 
 /// Ordered message headers. Names may repeat; lookups return the first match.
@@ -45,6 +50,11 @@ impl Headers {
             Some(slot) => slot.1 = value,
             None => self.0.push((name, value)),
         }
+    }
+
+    /// Removes every header called `name`.
+    pub fn remove(&mut self, name: &str) {
+        self.0.retain(|(n, _)| n.as_str() != name);
     }
 
     /// The first value of `name`.
@@ -246,9 +256,31 @@ impl Envelope {
         self.message.correlation_id()
     }
 
-    /// Delivery attempt, starting at 1; a redelivery after `nack` adds one.
+    /// Delivery attempt as the broker counts it, starting at 1; a redelivery
+    /// after `nack` adds one.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// How many times `retry_after` republished this message (the
+    /// `ruststream-retries` header).
+    pub fn retries(&self) -> u32 {
+        self.headers()
+            .get(header::RETRIES)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Attempts counting both broker redeliveries and `retry_after`
+    /// republishes: what `max_attempts` is checked against.
+    pub fn total_attempt(&self) -> u32 {
+        self.attempt.saturating_add(self.retries())
+    }
+
+    /// The remaining delay of a `retry_after` that a shutdown published early.
+    pub fn retry_delay(&self) -> Option<std::time::Duration> {
+        let ms: u64 = self.headers().get(header::RETRY_DELAY_MS)?.parse().ok()?;
+        (ms > 0).then(|| std::time::Duration::from_millis(ms))
     }
 
     /// The message as published.

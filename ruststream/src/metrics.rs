@@ -8,6 +8,8 @@
 //! | `ruststream_rejected_total` | counter | `subject` | deliveries rejected (dead-lettered or dropped) |
 //! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` (JQ-19) |
 //! | `ruststream_settle_errors_total` | counter | `subject` | ack/nack/reject calls the broker refused |
+//! | `ruststream_retry_lost_total` | counter | `subject` | `retry_after` republishes the broker refused |
+//! | `ruststream_aborted_total` | counter | | handlers aborted by the shutdown timeout (their deliveries stay unsettled) |
 
 use crate::Text;
 
@@ -21,6 +23,19 @@ pub const REJECTED: &str = "ruststream_rejected_total";
 pub const DEADLINE_EXCEEDED: &str = "ruststream_deadline_exceeded_total";
 /// Settlement calls that failed.
 pub const SETTLE_ERRORS: &str = "ruststream_settle_errors_total";
+
+/// `retry_after` republishes that failed.
+pub const RETRY_LOST: &str = "ruststream_retry_lost_total";
+/// Handlers aborted by the shutdown timeout.
+pub const ABORTED: &str = "ruststream_aborted_total";
+
+pub(crate) fn retry_lost(subject: &Text) {
+    metrics::counter!(RETRY_LOST, "subject" => subject.to_string()).increment(1);
+}
+
+pub(crate) fn aborted(loops: u64) {
+    metrics::counter!(ABORTED).increment(loops);
+}
 
 pub(crate) fn malformed(subject: &Text) {
     metrics::counter!(MALFORMED, "subject" => subject.to_string()).increment(1);

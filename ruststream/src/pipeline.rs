@@ -16,8 +16,10 @@ use futures_util::FutureExt;
 use crate::accept::{AcceptLayer, Verdict};
 use crate::app::AppHandle;
 use crate::binding::{Broker, Delivery};
+use crate::exec::stop::Stop;
 use crate::message::header;
 use crate::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
+use crate::tasks::{self, FollowUps};
 use crate::{BoxError, HandlerError, Message, Text, metrics};
 
 /// Everything one subscriber's deliveries need, shared by its loop and its
@@ -28,6 +30,9 @@ pub(crate) struct Unit<B, S> {
     pub(crate) config: SubscriberConfig,
     pub(crate) layers: Arc<[Arc<dyn AcceptLayer>]>,
     pub(crate) app: AppHandle,
+    /// Set when the shutdown timeout expires (RT-10): a handler still running
+    /// is dropped with its delivery unsettled, so the broker redelivers it.
+    pub(crate) abort: Stop,
 }
 
 impl<B: Broker, S: SendSubscriber> Unit<B, S> {
@@ -40,9 +45,13 @@ impl<B: Broker, S: SendSubscriber> Unit<B, S> {
 
     /// Handler to settlement, as a `Send` future.
     pub(crate) async fn invoke_send<D: Delivery>(&self, delivery: D, body: S::Body) {
-        let scope = self.scope(&delivery);
-        let outcome = caught(self.subscriber.handle_send(body, &scope)).await;
-        self.settle_outcome(delivery, outcome).await;
+        self.abortable(async {
+            let scope = Scope::new(delivery.envelope(), &self.app);
+            let outcome = caught(self.subscriber.handle_send(body, &scope)).await;
+            let follow_ups = scope.into_follow_ups();
+            self.settle_outcome(delivery, outcome, follow_ups).await;
+        })
+        .await
     }
 }
 
@@ -51,6 +60,17 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// (rejected by a layer, or malformed).
     pub(crate) async fn prepare<D: Delivery>(&self, delivery: D) -> Option<(D, S::Body)> {
         let env = delivery.envelope();
+        if let Some(delay) = env.retry_delay() {
+            // A `retry_after` a shutdown published early: re-arm its timer
+            // for the delay it still had (RT-10).
+            let env = env.clone();
+            let acked = delivery.ack().await;
+            if acked.is_ok() {
+                tasks::schedule_retry(&self.broker, &self.app, &env, delay);
+            }
+            self.settled(acked);
+            return None;
+        }
         for layer in self.layers.iter() {
             match layer.accept(env) {
                 Verdict::Accept => {}
@@ -88,27 +108,73 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
 
     /// Handler to settlement; the future may be `!Send`.
     pub(crate) async fn invoke_local<D: Delivery>(&self, delivery: D, body: S::Body) {
-        let scope = self.scope(&delivery);
-        let outcome = caught(self.subscriber.handle(body, &scope)).await;
-        self.settle_outcome(delivery, outcome).await;
+        self.abortable(async {
+            let scope = Scope::new(delivery.envelope(), &self.app);
+            let outcome = caught(self.subscriber.handle(body, &scope)).await;
+            let follow_ups = scope.into_follow_ups();
+            self.settle_outcome(delivery, outcome, follow_ups).await;
+        })
+        .await
     }
 
-    fn scope<'a, D: Delivery>(&'a self, delivery: &'a D) -> Scope<'a> {
-        Scope {
-            envelope: delivery.envelope(),
-            app: &self.app,
+    /// Runs `work` unless the shutdown timeout aborts it first (RT-10). An
+    /// aborted handler's delivery is dropped unsettled: never acked.
+    async fn abortable(&self, work: impl Future<Output = ()>) {
+        tokio::select! {
+            biased;
+            () = work => {}
+            () = self.abort.wait() => {
+                tracing::warn!(subject = %self.config.subject, "handler aborted by the shutdown timeout; delivery left unsettled");
+            }
         }
     }
 
-    async fn settle_outcome<D: Delivery>(&self, delivery: D, outcome: Outcome) {
+    async fn settle_outcome<D: Delivery>(
+        &self,
+        delivery: D,
+        outcome: Outcome,
+        follow_ups: Option<Arc<FollowUps>>,
+    ) {
+        let retry = follow_ups.as_ref().and_then(|f| f.retry_requested());
+        let outcome = match (outcome, retry) {
+            (Outcome::Ack(_), Some(_))
+                if delivery.envelope().total_attempt() >= self.config.max_attempts =>
+            {
+                Outcome::Failed(HandlerError::reject(format!(
+                    "retry_after asked for attempt {} past max_attempts {}",
+                    delivery.envelope().total_attempt() + 1,
+                    self.config.max_attempts
+                )))
+            }
+            (outcome, _) => outcome,
+        };
         match outcome {
             Outcome::Ack(reply) => {
                 if let Some(reply) = reply {
                     self.reply(&delivery, Message::new(reply), "ok").await;
                 }
-                self.settled(delivery.ack().await);
+                // Follow-ups start after the ack (RT-8): keep what they need.
+                let env = (retry.is_some() || self.app.has_after_ack())
+                    .then(|| delivery.envelope().clone());
+                let acked = delivery.ack().await;
+                let ok = acked.is_ok();
+                self.settled(acked);
+                if let (true, Some(env)) = (ok, env) {
+                    if let Some(delay) = retry {
+                        tasks::schedule_retry(&self.broker, &self.app, &env, delay);
+                    }
+                    self.app.acked(&env);
+                }
+                if let Some(follow_ups) = follow_ups {
+                    follow_ups.settled(ok);
+                }
             }
-            Outcome::Failed(err) => self.failed(delivery, err).await,
+            Outcome::Failed(err) => {
+                if let Some(follow_ups) = follow_ups {
+                    follow_ups.settled(false);
+                }
+                self.failed(delivery, err).await;
+            }
         }
     }
 
@@ -135,7 +201,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     async fn failed<D: Delivery>(&self, delivery: D, err: HandlerError) {
         let env = delivery.envelope();
         metrics::handler_error(&self.config.subject);
-        let attempt = env.attempt();
+        let attempt = env.total_attempt();
         if err.is_retry() && attempt < self.config.max_attempts {
             tracing::warn!(
                 subject = %env.subject(),
@@ -157,6 +223,10 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             .await;
         metrics::rejected(&self.config.subject);
         self.settled(delivery.reject(&reason).await);
+        if self.config.fail_fast {
+            tracing::error!(subject = %self.config.subject, "fail-fast subscriber gave up a message: shutting the app down");
+            self.app.request_shutdown();
+        }
     }
 
     /// Publishes a reply when the delivery is a request. A reply that cannot be

@@ -277,6 +277,8 @@ pub struct RuntimeConfig {
     pub current_thread: bool,
     /// `worker_threads = n` (multi-thread only).
     pub worker_threads: Option<usize>,
+    /// `shutdown_timeout = "30s"`: the default for an `App` returned by `main`.
+    pub shutdown_timeout: Option<std::time::Duration>,
 }
 
 /// What `main` may return under `#[ruststream::app]`.
@@ -287,25 +289,29 @@ pub struct RuntimeConfig {
 )]
 pub trait MainOutput {
     /// Runs what is left to run and reports the exit code.
-    fn finish(self) -> impl Future<Output = std::process::ExitCode>;
+    fn finish(self, config: RuntimeConfig) -> impl Future<Output = std::process::ExitCode>;
 }
 
 impl MainOutput for () {
-    async fn finish(self) -> std::process::ExitCode {
+    async fn finish(self, _: RuntimeConfig) -> std::process::ExitCode {
         std::process::ExitCode::SUCCESS
     }
 }
 
 impl<B: crate::Broker> MainOutput for crate::App<B> {
-    async fn finish(self) -> std::process::ExitCode {
-        self.run().await.finish().await
+    async fn finish(self, config: RuntimeConfig) -> std::process::ExitCode {
+        self.default_shutdown_timeout(config.shutdown_timeout)
+            .run()
+            .await
+            .finish(config)
+            .await
     }
 }
 
 impl<T: MainOutput, E: std::fmt::Display> MainOutput for Result<T, E> {
-    async fn finish(self) -> std::process::ExitCode {
+    async fn finish(self, config: RuntimeConfig) -> std::process::ExitCode {
         match self {
-            Ok(value) => value.finish().await,
+            Ok(value) => value.finish(config).await,
             Err(err) => {
                 eprintln!("Error: {err}");
                 std::process::ExitCode::FAILURE
@@ -336,7 +342,7 @@ where
             return std::process::ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move { main().await.finish().await })
+    runtime.block_on(async move { main().await.finish(config).await })
 }
 
 /// Checks, for a return type written `Result<_, E>`, that `E` converts into a

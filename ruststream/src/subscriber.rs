@@ -5,8 +5,11 @@ use std::future::Future;
 
 use bytes::Bytes;
 
+use std::sync::{Arc, OnceLock};
+
 use crate::app::AppHandle;
 use crate::ctx::CtxRuntime;
+use crate::tasks::FollowUps;
 use crate::{BoxError, Codec, Ctx, Envelope, HandlerError, Text};
 
 /// How one subscriber consumes: subject, queue group, dead-letter subject and
@@ -30,6 +33,7 @@ pub struct SubscriberConfig {
     pub(crate) max_attempts: u32,
     pub(crate) mode: Mode,
     pub(crate) max_pending: Option<usize>,
+    pub(crate) fail_fast: bool,
 }
 
 /// How a subscriber's deliveries are scheduled (RT-2 … RT-5).
@@ -74,6 +78,7 @@ impl SubscriberConfig {
             max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
             mode: Mode::Sequential,
             max_pending: None,
+            fail_fast: false,
         }
     }
 
@@ -92,6 +97,13 @@ impl SubscriberConfig {
     /// Deliveries a failing message gets before it is rejected (at least 1).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Fail fast: when a delivery of this subscriber is given up (rejected
+    /// after its handler failed), the whole app shuts down (RT-9 trigger).
+    pub fn fail_fast(mut self, on: bool) -> Self {
+        self.fail_fast = on;
         self
     }
 
@@ -182,19 +194,95 @@ pub enum Outcome {
 
 /// What a handler invocation may look at: the delivery and the app.
 pub struct Scope<'a> {
-    pub(crate) envelope: &'a Envelope,
-    pub(crate) app: &'a AppHandle,
+    envelope: &'a Envelope,
+    app: &'a AppHandle,
+    /// Created with the first [`Ctx`]: the follow-ups it may ask for.
+    follow_ups: OnceLock<Arc<FollowUps>>,
 }
 
 impl<'a> Scope<'a> {
+    pub(crate) fn new(envelope: &'a Envelope, app: &'a AppHandle) -> Self {
+        Scope {
+            envelope,
+            app,
+            follow_ups: OnceLock::new(),
+        }
+    }
+
     /// The delivery being handled.
     pub fn envelope(&self) -> &'a Envelope {
         self.envelope
     }
 
+    /// The app.
+    pub fn app(&self) -> &'a AppHandle {
+        self.app
+    }
+
     /// The handler context for this delivery.
     pub fn ctx<R: CtxRuntime>(&self) -> Ctx<R> {
-        Ctx::new(self.envelope, self.app)
+        let follow_ups = self
+            .follow_ups
+            .get_or_init(|| Arc::new(FollowUps::new(self.app.clone())));
+        Ctx::new(self.envelope, self.app, Arc::clone(follow_ups))
+    }
+
+    /// The shared state of type `T` (see [`App::state`](crate::App::state)).
+    ///
+    /// # Panics
+    /// If the app has no state of type `T`: a caught panic, so the delivery is
+    /// retried and then dead-lettered with this message.
+    pub fn state<T: Send + Sync + 'static>(&self) -> State<T> {
+        match self.app.state::<T>() {
+            Some(value) => State(value),
+            None => panic!(
+                "no shared state of type `{}`: register it with `App::state(..)`",
+                std::any::type_name::<T>()
+            ),
+        }
+    }
+
+    /// The follow-ups a handler asked for, if it took a `Ctx`.
+    pub(crate) fn into_follow_ups(self) -> Option<Arc<FollowUps>> {
+        self.follow_ups.into_inner()
+    }
+}
+
+/// Typed shared state as a handler argument: `db: State<Pool>` gives the
+/// value registered with [`App::state`](crate::App::state).
+///
+/// ```
+/// use ruststream::prelude::*;
+/// use ruststream::State;
+///
+/// struct Greeting {
+///     word: String,
+/// }
+///
+/// #[subscriber("names")]
+/// async fn greet(name: String, greeting: State<Greeting>) -> String {
+///     format!("{}, {name}", greeting.word)
+/// }
+///
+/// let app = App::new()
+///     .broker(MemoryBroker::new())
+///     .state(Greeting { word: "hello".into() })
+///     .subscriber(greet);
+/// # drop(app);
+/// ```
+#[derive(Debug)]
+pub struct State<T>(pub Arc<T>);
+
+impl<T> Clone for State<T> {
+    fn clone(&self) -> Self {
+        State(Arc::clone(&self.0))
+    }
+}
+
+impl<T> std::ops::Deref for State<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
     }
 }
 

@@ -1,40 +1,119 @@
-//! [`AppHandle`]: the running app as handlers see it.
+//! [`AppHandle`]: the running app as handlers and hooks see it.
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-/// The running application, as seen from handlers: its runtime and the tracker
-/// of the follow-up tasks a graceful shutdown waits for (RT-6, RT-8).
-#[derive(Clone, Debug)]
+use crate::Envelope;
+use crate::exec::stop::Stop;
+
+/// The app's after-ack hook (RT-8).
+pub(crate) type AfterAck =
+    Arc<dyn Fn(Envelope) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Typed shared state, one value per type.
+pub(crate) type StateMap = HashMap<TypeId, Arc<dyn Any + Send + Sync>>;
+
+/// The running application, as seen from handlers and lifecycle hooks: its
+/// runtime, its typed shared state, and the tracker of follow-up tasks a
+/// graceful shutdown waits for (RT-6, RT-8). Cheap to clone.
+#[derive(Clone)]
 pub struct AppHandle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     runtime: Handle,
     tracker: TaskTracker,
+    state: StateMap,
+    after_ack: Option<AfterAck>,
+    /// Asks pending `retry_after` timers to publish at once (RT-10).
+    flush_retries: Stop,
+    /// Asks the app to shut down (fail-fast, `RunningApp::shutdown`).
+    shutdown: Stop,
+}
+
+impl std::fmt::Debug for AppHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppHandle")
+            .field("tracked_tasks", &self.inner.tracker.len())
+            .field("states", &self.inner.state.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl AppHandle {
-    /// The app on the current Tokio runtime.
-    pub(crate) fn current() -> Self {
+    /// The app on the current Tokio runtime, with its shared state.
+    pub(crate) fn new(state: StateMap, after_ack: Option<AfterAck>) -> Self {
         AppHandle {
-            runtime: Handle::current(),
-            tracker: TaskTracker::new(),
+            inner: Arc::new(Inner {
+                runtime: Handle::current(),
+                tracker: TaskTracker::new(),
+                state,
+                after_ack,
+                flush_retries: Stop::default(),
+                shutdown: Stop::default(),
+            }),
         }
     }
 
-    /// Spawns `future` on the app runtime, tracked.
+    /// The shared state of type `T` registered with
+    /// [`App::state`](crate::App::state).
+    pub fn state<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        let value = self.inner.state.get(&TypeId::of::<T>())?;
+        Arc::clone(value).downcast::<T>().ok()
+    }
+
+    /// Asks the app to shut down gracefully, from anywhere (a handler, a hook,
+    /// another task). `App::run` and `RunningApp::wait` return to shut down.
+    pub fn request_shutdown(&self) {
+        self.inner.shutdown.stop();
+    }
+
+    /// Spawns `future` on the app runtime, tracked: a graceful shutdown waits
+    /// for it.
     pub(crate) fn spawn<F>(&self, future: F) -> JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.tracker.spawn_on(future, &self.runtime)
+        self.inner.tracker.spawn_on(future, &self.inner.runtime)
     }
 
-    /// Waits for every tracked task; no new task can be tracked afterwards.
-    pub(crate) async fn drain(&self) {
-        self.tracker.close();
-        self.tracker.wait().await;
+    pub(crate) fn has_after_ack(&self) -> bool {
+        self.inner.after_ack.is_some()
+    }
+
+    /// Starts the after-ack hook for an acked delivery, tracked (RT-8).
+    pub(crate) fn acked(&self, env: &Envelope) {
+        if let Some(hook) = &self.inner.after_ack {
+            self.spawn(hook(env.clone()));
+        }
+    }
+
+    pub(crate) fn shutdown_requested(&self) -> &Stop {
+        &self.inner.shutdown
+    }
+
+    pub(crate) fn flush_retries(&self) -> &Stop {
+        &self.inner.flush_retries
+    }
+
+    /// Closes the tracker: tasks spawned from now on are still run, and
+    /// [`wait_tracked`](Self::wait_tracked) waits for all of them.
+    pub(crate) async fn wait_tracked(&self) {
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+    }
+
+    /// Tracked tasks still running.
+    pub(crate) fn tracked(&self) -> usize {
+        self.inner.tracker.len()
     }
 }

@@ -1,6 +1,7 @@
 //! The application: brokers, subscribers and the runtime that drives them.
 
 mod handle;
+mod hooks;
 mod register;
 mod running;
 mod signal;
@@ -11,10 +12,17 @@ pub use handle::AppHandle;
 pub use register::{BoundSubscriber, IntoSubscriber};
 pub use running::RunningApp;
 
+use std::any::{Any, TypeId};
+use std::future::Future;
+use std::time::Duration;
+
+use self::handle::{AfterAck, StateMap};
+use self::hooks::Hooks;
 use self::register::{ErasedBroker, StartUnit};
+use self::running::Parts;
 use crate::accept::AcceptLayer;
 use crate::binding::Broker;
-use crate::{Error, Result};
+use crate::{BoxError, Error, Result};
 
 /// Type of an [`App`] before its first broker is registered.
 #[derive(Clone, Copy, Debug, Default)]
@@ -52,6 +60,10 @@ pub struct App<B = NoBroker> {
     brokers: Vec<Arc<dyn ErasedBroker>>,
     units: Vec<Box<dyn StartUnit>>,
     layers: Vec<Arc<dyn AcceptLayer>>,
+    hooks: Hooks,
+    state: StateMap,
+    after_ack: Option<AfterAck>,
+    shutdown_timeout: Option<Duration>,
 }
 
 impl App<NoBroker> {
@@ -62,6 +74,10 @@ impl App<NoBroker> {
             brokers: Vec::new(),
             units: Vec::new(),
             layers: Vec::new(),
+            hooks: Hooks::default(),
+            state: StateMap::new(),
+            after_ack: None,
+            shutdown_timeout: None,
         }
     }
 }
@@ -83,7 +99,110 @@ impl<B> App<B> {
             brokers,
             units: self.units,
             layers: self.layers,
+            hooks: self.hooks,
+            state: self.state,
+            after_ack: self.after_ack,
+            shutdown_timeout: self.shutdown_timeout,
         }
+    }
+
+    /// Runs `hook` after every acked delivery of every subscriber, as a task
+    /// the app tracks (RT-8): it starts after the ack, once per delivery, and
+    /// a graceful shutdown waits for it.
+    ///
+    /// ```
+    /// use ruststream::{App, Envelope, MemoryBroker};
+    ///
+    /// let app = App::new()
+    ///     .broker(MemoryBroker::new())
+    ///     .after_ack(|env: Envelope| async move {
+    ///         tracing::debug!(subject = %env.subject(), "acked");
+    ///     });
+    /// # drop(app);
+    /// ```
+    pub fn after_ack<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(crate::Envelope) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.after_ack = Some(Arc::new(move |env| Box::pin(hook(env))));
+        self
+    }
+
+    /// Shares `value` with every handler (`ctx.state::<T>()`) and hook
+    /// (`app.state::<T>()`). One value per type; a second call replaces it.
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        let value: Arc<dyn Any + Send + Sync> = Arc::new(value);
+        self.state.insert(TypeId::of::<T>(), value);
+        self
+    }
+
+    /// Bounds the graceful shutdown (RT-10). When it expires, handlers still
+    /// running are aborted (their deliveries stay unsettled and are
+    /// redelivered) and unfinished tracked tasks are detached. Default: none,
+    /// the shutdown waits for everything.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the shutdown timeout unless the builder already did (the
+    /// `#[ruststream::app(shutdown_timeout = ..)]` default).
+    #[doc(hidden)]
+    pub fn default_shutdown_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.shutdown_timeout = self.shutdown_timeout.or(timeout);
+        self
+    }
+
+    /// Runs before any subscription opens. An error stops the start: `start`
+    /// and `run` return it (and `#[ruststream::app]` exits non-zero).
+    ///
+    /// ```
+    /// use ruststream::{App, MemoryBroker};
+    ///
+    /// let app = App::new()
+    ///     .broker(MemoryBroker::new())
+    ///     .on_startup(|_app| async { Ok(()) });
+    /// # drop(app);
+    /// ```
+    pub fn on_startup<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: FnOnce(AppHandle) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.hooks.on_startup.push(hooks::hook(hook));
+        self
+    }
+
+    /// Runs once every subscriber runs.
+    pub fn after_startup<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: FnOnce(AppHandle) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.hooks.after_startup.push(hooks::hook(hook));
+        self
+    }
+
+    /// First step of a shutdown: brokers are still connected, so it may
+    /// publish.
+    pub fn on_shutdown<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: FnOnce(AppHandle) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.hooks.on_shutdown.push(hooks::hook(hook));
+        self
+    }
+
+    /// Last step of a shutdown: brokers are closed.
+    pub fn after_shutdown<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: FnOnce(AppHandle) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.hooks.after_shutdown.push(hooks::hook(hook));
+        self
     }
 
     /// Adds an accept layer run on every delivery of every subscriber, before
@@ -112,19 +231,36 @@ impl<B: Broker> App<B> {
     /// runtime. When this returns, every subscription is open: messages
     /// published from now on are received.
     pub async fn start(self) -> Result<RunningApp> {
-        let layers: Arc<[Arc<dyn AcceptLayer>]> = self.layers.into();
-        RunningApp::start(self.brokers, self.units, layers).await
+        RunningApp::start(Parts {
+            brokers: self.brokers,
+            units: self.units,
+            layers: self.layers.into(),
+            hooks: self.hooks,
+            app: AppHandle::new(self.state, self.after_ack),
+            shutdown_timeout: self.shutdown_timeout,
+        })
+        .await
     }
 
-    /// Starts the app and runs it until SIGINT or SIGTERM, then shuts down
-    /// gracefully: loops stop taking deliveries, deliveries in hand are settled,
-    /// brokers close.
+    /// Starts the app and runs it until SIGINT or SIGTERM (or a shutdown
+    /// requested from inside, e.g. by a fail-fast subscriber), then shuts down
+    /// in order (RT-9). A second SIGINT/SIGTERM during the shutdown takes the
+    /// timeout path at once (RT-10).
     pub async fn run(self) -> Result<()> {
         let running = self.start().await?;
-        let signal = signal::terminate().await;
-        tracing::info!("shutdown signal received");
-        let stopped = running.shutdown().await;
-        signal.map_err(|e| Error::App(e.into()))?;
-        stopped
+        tokio::select! {
+            signal = signal::terminate() => {
+                signal.map_err(|e| Error::App(e.into()))?;
+                tracing::info!("shutdown signal received");
+            }
+            () = running.wait() => tracing::info!("shutdown requested by the app"),
+        }
+        running
+            .shutdown_or_force(async {
+                if signal::terminate().await.is_ok() {
+                    tracing::warn!("second signal: forcing the shutdown timeout path");
+                }
+            })
+            .await
     }
 }

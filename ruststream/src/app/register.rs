@@ -39,6 +39,8 @@ impl<B: Broker> ErasedBroker for B {
 pub(crate) struct StartContext {
     pub(crate) layers: Arc<[Arc<dyn AcceptLayer>]>,
     pub(crate) stop: Stop,
+    /// Set when the shutdown timeout expires: handlers in hand are dropped.
+    pub(crate) abort: Stop,
     pub(crate) app: AppHandle,
 }
 
@@ -66,6 +68,7 @@ async fn open<B: Broker, S: Subscriber>(
         config,
         layers: cx.layers,
         app: cx.app,
+        abort: cx.abort,
     };
     Ok((unit, subscription, cx.stop))
 }

@@ -1,25 +1,47 @@
-//! A started app and its graceful stop.
+//! A started app and its ordered graceful shutdown (RT-9, RT-10).
 
-use std::sync::Arc;
+use std::future::{Future, pending};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::AppHandle;
+use super::hooks::{self, Hooks};
 use super::register::{ErasedBroker, StartContext, StartUnit};
 use crate::accept::AcceptLayer;
 use crate::exec::stop::Stop;
-use crate::{Error, Result};
+use crate::{Error, Result, metrics};
 
 /// A running app: its subscriber loops are live.
 ///
-/// Stop it with [`shutdown`](RunningApp::shutdown): every loop stops taking new
-/// deliveries, the delivery each loop holds is processed and settled, then the
-/// brokers close in reverse registration order.
+/// [`shutdown`](RunningApp::shutdown) stops it in the order of RT-9:
+///
+/// 1. `on_shutdown` hooks, brokers still connected;
+/// 2. every loop stops taking new deliveries;
+/// 3. deliveries in hand (in workers, owner FIFOs, thread rings) are processed
+///    and settled — all subscribers drain in parallel;
+/// 4. tracked follow-ups (`and_after`, `Ctx<MainRuntime>` spawns) finish and
+///    pending `retry_after` timers publish at once;
+/// 5. brokers close in reverse registration order;
+/// 6. `after_shutdown` hooks.
+///
+/// With a shutdown timeout (RT-10), steps 1–4 are bounded: when it expires,
+/// handlers still running are aborted — their deliveries stay unsettled, so
+/// the broker redelivers them; they are never acked — and unfinished tracked
+/// tasks are left to finish on their own.
 pub struct RunningApp {
-    stop: Stop,
     app: AppHandle,
+    stop: Stop,
+    abort: Stop,
     loops: Vec<JoinHandle<()>>,
     brokers: Vec<Arc<dyn ErasedBroker>>,
+    /// Behind a mutex only to make `RunningApp` `Sync` (hooks need not be).
+    on_shutdown: Mutex<Vec<hooks::Hook>>,
+    after_shutdown: Mutex<Vec<hooks::Hook>>,
+    shutdown_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for RunningApp {
@@ -30,32 +52,53 @@ impl std::fmt::Debug for RunningApp {
                 "brokers",
                 &self.brokers.iter().map(|b| b.name()).collect::<Vec<_>>(),
             )
+            .field("shutdown_timeout", &self.shutdown_timeout)
             .finish()
     }
 }
 
+/// What [`App::start`](crate::App::start) hands over.
+pub(crate) struct Parts {
+    pub(crate) brokers: Vec<Arc<dyn ErasedBroker>>,
+    pub(crate) units: Vec<Box<dyn StartUnit>>,
+    pub(crate) layers: Arc<[Arc<dyn AcceptLayer>]>,
+    pub(crate) hooks: Hooks,
+    pub(crate) app: AppHandle,
+    pub(crate) shutdown_timeout: Option<Duration>,
+}
+
 impl RunningApp {
-    pub(super) async fn start(
-        brokers: Vec<Arc<dyn ErasedBroker>>,
-        units: Vec<Box<dyn StartUnit>>,
-        layers: Arc<[Arc<dyn AcceptLayer>]>,
-    ) -> Result<RunningApp> {
+    pub(super) async fn start(parts: Parts) -> Result<RunningApp> {
+        let Parts {
+            brokers,
+            units,
+            layers,
+            hooks,
+            app,
+            shutdown_timeout,
+        } = parts;
         for unit in &units {
             unit.config().validate()?;
         }
+        hooks::run(hooks.on_startup, &app, "on_startup", true).await?;
         let stop = Stop::default();
-        let app = AppHandle::current();
+        let abort = Stop::default();
         let mut running = RunningApp {
-            stop: stop.clone(),
             app: app.clone(),
+            stop: stop.clone(),
+            abort: abort.clone(),
             loops: Vec::with_capacity(units.len()),
             brokers,
+            on_shutdown: Mutex::new(hooks.on_shutdown),
+            after_shutdown: Mutex::new(hooks.after_shutdown),
+            shutdown_timeout,
         };
         for unit in units {
             let subject = unit.config().subject().to_string();
             let cx = StartContext {
                 layers: Arc::clone(&layers),
                 stop: stop.clone(),
+                abort: abort.clone(),
                 app: app.clone(),
             };
             match unit.start(cx).await {
@@ -69,31 +112,127 @@ impl RunningApp {
             }
         }
         tracing::info!(subscribers = running.loops.len(), "app started");
+        if let Err(err) = hooks::run(hooks.after_startup, &app, "after_startup", true).await {
+            let _ = running.shutdown().await;
+            return Err(err);
+        }
         Ok(running)
     }
 
-    /// Graceful stop: loops stop taking new deliveries and settle the one in
-    /// hand; then brokers close in reverse registration order. Returns the
-    /// first error met; every step still runs.
-    pub async fn shutdown(mut self) -> Result<()> {
-        self.stop.stop();
+    /// The app as handlers see it: shared state, shutdown requests.
+    pub fn handle(&self) -> &AppHandle {
+        &self.app
+    }
+
+    /// Resolves when a shutdown was requested from inside the app: a
+    /// fail-fast subscriber gave up, or [`AppHandle::request_shutdown`].
+    pub async fn wait(&self) {
+        self.app.shutdown_requested().wait().await
+    }
+
+    /// Ordered graceful shutdown (RT-9), bounded by the shutdown timeout if
+    /// one is set (RT-10). Returns the first error met; every step still runs.
+    pub async fn shutdown(self) -> Result<()> {
+        self.shutdown_or_force(pending()).await
+    }
+
+    /// [`shutdown`](Self::shutdown), where `force` resolving (e.g. a second
+    /// SIGINT) takes the timeout path at once.
+    pub(crate) async fn shutdown_or_force(
+        mut self,
+        force: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        self.app.request_shutdown();
+        // The timeout (or `force`) flips this once; every bounded phase
+        // below races it, and a phase after expiry does not wait at all.
+        let expired = Stop::default();
+        let deadline = self.shutdown_timeout.map(|t| Instant::now() + t);
+        let timer = tokio::spawn({
+            let expired = expired.clone();
+            async move {
+                let timeout = async {
+                    match deadline {
+                        Some(deadline) => tokio::time::sleep_until(deadline).await,
+                        None => pending().await,
+                    }
+                };
+                Stop::race(timeout, force).await;
+                expired.stop();
+            }
+        });
         let mut first_error = None;
-        for handle in self.loops.drain(..) {
-            if let Err(err) = handle.await {
+
+        // 1. on_shutdown hooks, brokers still connected.
+        let on_shutdown = take(&self.on_shutdown);
+        let hooks_done = tokio::select! {
+            r = hooks::run(on_shutdown, &self.app, "on_shutdown", false) => Some(r),
+            () = expired.wait() => None,
+        };
+        match hooks_done {
+            Some(Err(err)) => {
+                first_error.get_or_insert(err);
+            }
+            Some(Ok(())) => {}
+            None => tracing::warn!("shutdown timeout expired during on_shutdown hooks"),
+        }
+
+        // 2 + 3. Stop taking deliveries; every loop drains what it holds, in
+        // parallel.
+        self.stop.stop();
+        let mut loops = join_all(self.loops.drain(..));
+        let joined = tokio::select! {
+            joined = &mut loops => Some(joined),
+            () = expired.wait() => None,
+        };
+        let joined = match joined {
+            Some(joined) => joined,
+            None => {
+                // RT-10: abort what still runs. Aborted handlers' deliveries
+                // are dropped unsettled, so the broker redelivers them.
+                tracing::warn!("shutdown timeout expired: aborting handlers still running");
+                self.abort.stop();
+                metrics::aborted(1);
+                loops.await
+            }
+        };
+        for result in joined {
+            if let Err(err) = result {
                 tracing::error!(error = %err, "subscriber loop ended abnormally");
                 first_error.get_or_insert(Error::App(err.into()));
             }
         }
-        // Work handed to the app runtime (`Ctx<MainRuntime>`) finishes
-        // before brokers close (RT-9).
-        self.app.drain().await;
+
+        // 4. Tracked follow-ups finish; retry timers publish now.
+        self.app.flush_retries().stop();
+        tokio::select! {
+            () = self.app.wait_tracked() => {}
+            () = expired.wait() => {
+                tracing::warn!(
+                    detached = self.app.tracked(),
+                    "shutdown timeout expired: unfinished tracked tasks detached"
+                );
+            }
+        }
+
+        // 5. Brokers close in reverse registration order.
         for broker in self.brokers.iter().rev() {
             if let Err(err) = broker.close().await {
                 tracing::warn!(broker = broker.name(), error = %err, "broker close failed");
                 first_error.get_or_insert(err);
             }
         }
+
+        // 6. after_shutdown hooks, brokers closed.
+        let after_shutdown = take(&self.after_shutdown);
+        if let Err(err) = hooks::run(after_shutdown, &self.app, "after_shutdown", false).await {
+            first_error.get_or_insert(err);
+        }
+        timer.abort();
         tracing::info!("app stopped");
         first_error.map_or(Ok(()), Err)
     }
+}
+
+fn take(hooks: &Mutex<Vec<hooks::Hook>>) -> Vec<hooks::Hook> {
+    std::mem::take(&mut *hooks.lock().unwrap_or_else(|e| e.into_inner()))
 }

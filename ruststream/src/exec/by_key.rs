@@ -7,6 +7,7 @@
 //! on one worker at a time, in arrival order, and a slow key holds only its
 //! own FIFO, never the other keys.
 
+use std::pin::pin;
 use std::sync::Arc;
 
 use super::owners::{OwnerLimits, OwnerSet};
@@ -47,11 +48,14 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         })
         .collect();
 
+    let closer = CloseOnDrop(&owners);
+    // One stop waiter for the whole loop: registered once, not per wait.
+    let mut stopped = pin!(stop.wait());
     loop {
         let has_room = tokio::select! {
             biased;
             room = owners.wait_capacity() => room,
-            () = stop.wait() => false,
+            () = &mut stopped => false,
         };
         if !has_room {
             break;
@@ -72,10 +76,20 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     }
     // Workers drain every owner FIFO, then stop (deliveries in hand are
     // processed and settled).
-    owners.close();
+    drop(closer);
     for worker in workers {
         if let Err(err) = worker.await {
             tracing::error!(subject = %unit.config.subject, error = %err, "worker ended abnormally");
         }
+    }
+}
+
+/// Closes the owner set however the loop ends (also when it is aborted), so
+/// the workers drain what is queued and stop.
+struct CloseOnDrop<'a, T>(&'a OwnerSet<T>);
+
+impl<T> Drop for CloseOnDrop<'_, T> {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }

@@ -10,12 +10,13 @@
 //!   the FIFO to the worker without being counted twice or nowhere);
 //! * a failed admission changes nothing (no enqueue-then-remove).
 
+use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
-use std::pin::pin;
+use std::future::poll_fn;
 use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
-use tokio::sync::Notify;
+use rustc_hash::FxHashMap as HashMap;
 
 /// Per-owner and total limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,23 +53,42 @@ struct Owner<T> {
     running: bool,
 }
 
-impl<T> Owner<T> {
-    fn new() -> Self {
-        Owner {
-            fifo: VecDeque::new(),
-            count: 0,
-            bytes: 0,
-            next_seq: 0,
-            running: false,
-        }
-    }
-}
+/// Emptied FIFO buffers kept for new owners, so a key that comes and goes
+/// does not allocate every time. Bounded, and only small buffers are kept.
+const SPARE_FIFOS: usize = 64;
+const SPARE_FIFO_CAPACITY: usize = 16;
 
 struct State<T> {
+    /// Keys are already hashes: Fx hashing them again is enough.
     owners: HashMap<u64, Owner<T>>,
     ready: VecDeque<u64>,
     total: usize,
     closed: bool,
+    spare: Vec<VecDeque<(T, usize)>>,
+    /// Workers waiting for a ready owner, each listed once under the token
+    /// of its wait.
+    sleepers: Vec<(u64, Waker)>,
+    next_token: u64,
+    /// Producers waiting for capacity (normally just the receive loop).
+    space: Vec<Waker>,
+}
+
+impl<T> State<T> {
+    /// Wakes one waiting worker, if any; returns its waker to wake once the
+    /// lock is released.
+    fn wake_one(&mut self) -> Option<Waker> {
+        self.sleepers.pop().map(|(_, waker)| waker)
+    }
+
+    fn wake_all_workers(&mut self) -> Vec<Waker> {
+        self.sleepers.drain(..).map(|(_, waker)| waker).collect()
+    }
+
+    fn recycle(&mut self, fifo: VecDeque<(T, usize)>) {
+        if self.spare.len() < SPARE_FIFOS && fifo.capacity() <= SPARE_FIFO_CAPACITY {
+            self.spare.push(fifo);
+        }
+    }
 }
 
 /// One item taken by a worker: run it, then call [`OwnerSet::finish`].
@@ -82,13 +102,15 @@ pub(crate) struct Turn<T> {
 }
 
 /// Owner FIFOs plus the ready-owner set.
+///
+/// Waiting is notification-driven with plain wakers kept under the same lock
+/// as the state they wait for, so a check and the registration of a waiter
+/// are one step (no lost wake-up), and a wake happens only when someone
+/// waits: an admission that makes an owner ready wakes one sleeping worker, a
+/// finished turn wakes the receive loop only if it waits for capacity.
 pub(crate) struct OwnerSet<T> {
     state: Mutex<State<T>>,
     limits: OwnerLimits,
-    /// Workers wait here for a ready owner.
-    work: Notify,
-    /// The receive loop waits here for capacity.
-    space: Notify,
 }
 
 impl<T> OwnerSet<T> {
@@ -96,25 +118,47 @@ impl<T> OwnerSet<T> {
     pub(crate) fn new(limits: OwnerLimits) -> Self {
         OwnerSet {
             state: Mutex::new(State {
-                owners: HashMap::new(),
+                owners: HashMap::default(),
                 ready: VecDeque::new(),
                 total: 0,
                 closed: false,
+                spare: Vec::new(),
+                sleepers: Vec::new(),
+                next_token: 0,
+                space: Vec::new(),
             }),
             limits,
-            work: Notify::new(),
-            space: Notify::new(),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, State<T>> {
+        // No user code runs under this lock: a poisoned lock is consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// JQ-10: checks, reservation, sequence, append and ready-set insert as
     /// one commit. On refusal the item comes back and nothing changed.
+    // The receive loop uses the waiting `admit`; this is its non-waiting form.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn try_admit(&self, owner: u64, item: T, bytes: usize) -> Result<u64, (Refusal, T)> {
         let mut state = self.lock();
+        let (seq, worker) = self.admit_locked(&mut state, owner, item, bytes)?;
+        drop(state);
+        if let Some(worker) = worker {
+            worker.wake();
+        }
+        Ok(seq)
+    }
+
+    /// [`try_admit`](Self::try_admit) under the lock; also returns the worker
+    /// to wake once the lock is released.
+    fn admit_locked(
+        &self,
+        state: &mut State<T>,
+        owner: u64,
+        item: T,
+        bytes: usize,
+    ) -> Result<(u64, Option<Waker>), (Refusal, T)> {
         if state.closed {
             return Err((Refusal::Closed, item));
         }
@@ -124,17 +168,28 @@ impl<T> OwnerSet<T> {
         let limits = self.limits;
         let (seq, became_ready) = {
             let o = match state.owners.entry(owner) {
-                Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(e) => e.insert(Owner::new()),
+                Entry::Occupied(e) => {
+                    let o = e.into_mut();
+                    if o.count >= limits.max_count {
+                        return Err((Refusal::OwnerCount, item));
+                    }
+                    // An empty owner always takes one item, so an item larger
+                    // than the byte limit is not refused forever.
+                    if o.count > 0 && o.bytes + bytes > limits.max_bytes {
+                        return Err((Refusal::OwnerBytes, item));
+                    }
+                    o
+                }
+                // A new owner is empty and always takes one item (limits are
+                // at least 1), so no owner is ever created for a refusal.
+                Entry::Vacant(e) => e.insert(Owner {
+                    fifo: state.spare.pop().unwrap_or_default(),
+                    count: 0,
+                    bytes: 0,
+                    next_seq: 0,
+                    running: false,
+                }),
             };
-            if o.count >= limits.max_count {
-                return Err((Refusal::OwnerCount, item));
-            }
-            // An empty owner always takes one item, so an item larger than
-            // the byte limit is not refused forever.
-            if o.count > 0 && o.bytes + bytes > limits.max_bytes {
-                return Err((Refusal::OwnerBytes, item));
-            }
             let seq = o.next_seq;
             o.next_seq += 1;
             o.count += 1;
@@ -144,112 +199,119 @@ impl<T> OwnerSet<T> {
             (seq, became_ready)
         };
         state.total += 1;
-        if became_ready {
-            state.ready.push_back(owner);
+        if !became_ready {
+            return Ok((seq, None));
         }
-        drop(state);
-        if became_ready {
-            self.work.notify_one();
-        }
-        Ok(seq)
+        state.ready.push_back(owner);
+        Ok((seq, state.wake_one()))
     }
 
     /// Admits `item`, waiting while a limit refuses it. For the receive loop,
     /// which already holds the item (JQ-22: an accepted record is never
     /// capacity-rejected). Returns the item back only if the set closed.
-    pub(crate) async fn admit(&self, owner: u64, mut item: T, bytes: usize) -> Result<u64, T> {
-        loop {
-            let mut space = pin!(self.space.notified());
-            space.as_mut().enable();
-            match self.try_admit(owner, item, bytes) {
-                Ok(seq) => return Ok(seq),
-                Err((Refusal::Closed, back)) => return Err(back),
-                Err((_, back)) => item = back,
+    pub(crate) async fn admit(&self, owner: u64, item: T, bytes: usize) -> Result<u64, T> {
+        let mut item = Some(item);
+        poll_fn(|cx| {
+            let Some(it) = item.take() else {
+                unreachable!("polled after completion")
+            };
+            let mut state = self.lock();
+            match self.admit_locked(&mut state, owner, it, bytes) {
+                Ok((seq, worker)) => {
+                    drop(state);
+                    if let Some(worker) = worker {
+                        worker.wake();
+                    }
+                    Poll::Ready(Ok(seq))
+                }
+                Err((Refusal::Closed, back)) => Poll::Ready(Err(back)),
+                Err((_, back)) => {
+                    // Checked and registered under one lock: the turn that
+                    // makes room wakes us.
+                    register_space(&mut state.space, cx);
+                    item = Some(back);
+                    Poll::Pending
+                }
             }
-            space.await;
-        }
+        })
+        .await
     }
 
     /// Waits until the total is below its limit (the receive loop calls this
     /// before taking the next delivery from the broker). False once closed.
     pub(crate) async fn wait_capacity(&self) -> bool {
-        loop {
-            let mut space = pin!(self.space.notified());
-            space.as_mut().enable();
-            {
-                let state = self.lock();
-                if state.closed {
-                    return false;
-                }
-                if state.total < self.limits.max_total {
-                    return true;
-                }
+        poll_fn(|cx| {
+            let mut state = self.lock();
+            if state.closed {
+                return Poll::Ready(false);
             }
-            space.await;
-        }
+            if state.total < self.limits.max_total {
+                return Poll::Ready(true);
+            }
+            register_space(&mut state.space, cx);
+            Poll::Pending
+        })
+        .await
     }
 
     /// The next turn: the head item of the oldest ready owner, which stays
     /// out of the ready set until [`finish`](Self::finish). `None` once the set
     /// is closed and fully drained.
     pub(crate) async fn next_turn(&self) -> Option<Turn<T>> {
-        loop {
-            let mut work = pin!(self.work.notified());
-            work.as_mut().enable();
-            {
-                let mut state = self.lock();
-                // Level-triggered: whatever woke us (or not), re-check the set.
-                if let Some(owner) = state.ready.pop_front() {
-                    let o = state.owners.get_mut(&owner).expect("ready owner exists");
-                    let (item, bytes) = o.fifo.pop_front().expect("ready owner has work");
-                    o.running = true;
-                    let more = !state.ready.is_empty();
-                    drop(state);
-                    if more {
-                        // Hand the remaining work to another idle worker.
-                        self.work.notify_one();
-                    }
-                    return Some(Turn { owner, item, bytes });
-                }
-                if state.closed && state.total == 0 {
-                    return None;
-                }
-            }
-            work.await;
-        }
+        let mut wait = Sleep {
+            set: self,
+            token: None,
+        };
+        poll_fn(|cx| wait.poll(cx)).await
     }
 
     /// Ends a turn: releases its reservation and puts the owner back into the
     /// ready set if it has more work.
     pub(crate) fn finish(&self, owner: u64, bytes: usize) {
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
         state.total -= 1;
         let o = state.owners.get_mut(&owner).expect("running owner exists");
         o.running = false;
         o.count -= 1;
         o.bytes -= bytes;
-        let has_more = !o.fifo.is_empty();
-        if has_more {
+        let mut worker = None;
+        if !o.fifo.is_empty() {
             state.ready.push_back(owner);
+            worker = state.wake_one();
         } else if o.count == 0 {
-            state.owners.remove(&owner);
+            let o = state.owners.remove(&owner).expect("running owner exists");
+            state.recycle(o.fifo);
         }
-        let drained = state.closed && state.total == 0;
-        drop(state);
-        if has_more {
-            self.work.notify_one();
+        let mut workers = Vec::new();
+        if state.closed && state.total == 0 {
+            workers = state.wake_all_workers();
         }
-        if drained {
-            self.work.notify_waiters();
+        // Normally the receive loop alone; the buffer stays for its next wait.
+        let producer = state.space.pop();
+        let producers = if state.space.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut state.space)
+        };
+        drop(guard);
+        if let Some(worker) = worker {
+            worker.wake();
         }
-        self.space.notify_waiters();
+        if let Some(producer) = producer {
+            producer.wake();
+        }
+        workers.into_iter().chain(producers).for_each(Waker::wake);
     }
 
     /// Stops admissions; workers drain what is queued and then see `None`.
     pub(crate) fn close(&self) {
-        self.lock().closed = true;
-        self.work.notify_waiters();
-        self.space.notify_waiters();
+        let mut state = self.lock();
+        state.closed = true;
+        let workers = state.wake_all_workers();
+        let space = std::mem::take(&mut state.space);
+        drop(state);
+        workers.into_iter().chain(space).for_each(Waker::wake);
     }
 
     /// `(count, bytes, next_seq)` of one owner.
@@ -266,6 +328,96 @@ impl<T> OwnerSet<T> {
     #[cfg(test)]
     pub(crate) fn total(&self) -> usize {
         self.lock().total
+    }
+}
+
+/// One worker waiting for a turn. Dropped while it waits (its task aborted),
+/// it leaves the sleepers and hands a wake-up it may have received on to
+/// another worker, so no ready owner is stranded.
+struct Sleep<'a, T> {
+    set: &'a OwnerSet<T>,
+    /// Set while this wait is pending (it registered as a sleeper).
+    token: Option<u64>,
+}
+
+impl<T> Sleep<'_, T> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Turn<T>>> {
+        let mut guard = self.set.lock();
+        let state = &mut *guard;
+        // Level-triggered: whatever woke us (or not), re-check the set.
+        if let Some(owner) = state.ready.pop_front() {
+            let o = state.owners.get_mut(&owner).expect("ready owner exists");
+            let (item, bytes) = o.fifo.pop_front().expect("ready owner has work");
+            o.running = true;
+            if let Some(token) = self.token.take() {
+                // Polled without being woken: leave the sleepers.
+                state.sleepers.retain(|(t, _)| *t != token);
+            }
+            // Hand the remaining work to another sleeping worker.
+            let other = if state.ready.is_empty() {
+                None
+            } else {
+                state.wake_one()
+            };
+            drop(guard);
+            if let Some(other) = other {
+                other.wake();
+            }
+            return Poll::Ready(Some(Turn { owner, item, bytes }));
+        }
+        if state.closed && state.total == 0 {
+            if let Some(token) = self.token.take() {
+                state.sleepers.retain(|(t, _)| *t != token);
+            }
+            return Poll::Ready(None);
+        }
+        match self.token {
+            Some(token) => match state.sleepers.iter_mut().find(|(t, _)| *t == token) {
+                Some((_, waker)) => {
+                    if !waker.will_wake(cx.waker()) {
+                        *waker = cx.waker().clone();
+                    }
+                }
+                // Woken, but nothing is left: sleep again.
+                None => state.sleepers.push((token, cx.waker().clone())),
+            },
+            None => {
+                let token = state.next_token;
+                state.next_token += 1;
+                self.token = Some(token);
+                state.sleepers.push((token, cx.waker().clone()));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl<T> Drop for Sleep<'_, T> {
+    fn drop(&mut self) {
+        let Some(token) = self.token else {
+            return;
+        };
+        let mut state = self.set.lock();
+        let before = state.sleepers.len();
+        state.sleepers.retain(|(t, _)| *t != token);
+        // No longer listed: this wait was woken and will never re-check the
+        // set, so another sleeper does.
+        let other = if state.sleepers.len() == before && !state.ready.is_empty() {
+            state.wake_one()
+        } else {
+            None
+        };
+        drop(state);
+        if let Some(other) = other {
+            other.wake();
+        }
+    }
+}
+
+/// Adds the current task to the capacity waiters unless it is there.
+fn register_space(space: &mut Vec<Waker>, cx: &Context<'_>) {
+    if !space.iter().any(|w| w.will_wake(cx.waker())) {
+        space.push(cx.waker().clone());
     }
 }
 

@@ -1,25 +1,28 @@
 //! The ring between a `threads(n)` feeder and one dedicated thread: 8 slots
 //! (RT-5). The feeder is the only producer and checks for space before it
 //! takes a delivery from the broker, so a push never finds the ring full.
+//!
+//! Wake-ups happen only on the edges someone waits for: a push wakes the
+//! thread only if it waits (its ring was empty), and a pop wakes the feeder
+//! only if the ring was full and the feeder waits for space.
 
 use std::collections::VecDeque;
-use std::pin::pin;
+use std::future::poll_fn;
 use std::sync::{Mutex, MutexGuard};
-
-use tokio::sync::Notify;
+use std::task::{Context, Poll, Waker};
 
 /// Slots per ring (RT-5).
 pub(crate) const RING_SLOTS: usize = 8;
 
 pub(crate) struct Ring<T> {
     state: Mutex<RingState<T>>,
-    /// The thread waits here for an item.
-    readable: Notify,
 }
 
 struct RingState<T> {
     items: VecDeque<T>,
     closed: bool,
+    /// The thread, while it waits for an item.
+    reader: Option<Waker>,
 }
 
 impl<T> Ring<T> {
@@ -28,12 +31,13 @@ impl<T> Ring<T> {
             state: Mutex::new(RingState {
                 items: VecDeque::with_capacity(RING_SLOTS),
                 closed: false,
+                reader: None,
             }),
-            readable: Notify::new(),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, RingState<T>> {
+        // No user code runs under this lock: a poisoned lock is consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -46,31 +50,49 @@ impl<T> Ring<T> {
         let mut state = self.lock();
         debug_assert!(state.items.len() < RING_SLOTS, "feeder checks space first");
         state.items.push_back(item);
+        let reader = state.reader.take();
         drop(state);
-        self.readable.notify_one();
+        if let Some(reader) = reader {
+            reader.wake();
+        }
     }
 
     /// The next item, waiting for one; `None` once closed and drained.
-    pub(crate) async fn pop(&self) -> Option<T> {
-        loop {
-            let mut readable = pin!(self.readable.notified());
-            readable.as_mut().enable();
-            {
-                let mut state = self.lock();
-                if let Some(item) = state.items.pop_front() {
-                    return Some(item);
-                }
-                if state.closed {
-                    return None;
-                }
+    /// `freed` runs (outside the lock) when the pop turned a full ring into
+    /// one with a free slot.
+    pub(crate) async fn pop(&self, freed: impl Fn()) -> Option<T> {
+        poll_fn(|cx| self.poll_pop(cx, &freed)).await
+    }
+
+    fn poll_pop(&self, cx: &mut Context<'_>, freed: &impl Fn()) -> Poll<Option<T>> {
+        let mut state = self.lock();
+        let was_full = state.items.len() == RING_SLOTS;
+        if let Some(item) = state.items.pop_front() {
+            state.reader = None;
+            drop(state);
+            if was_full {
+                freed();
             }
-            readable.await;
+            return Poll::Ready(Some(item));
         }
+        if state.closed {
+            return Poll::Ready(None);
+        }
+        match &mut state.reader {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            reader => *reader = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 
     /// No more items: the thread drains what is left, then stops.
     pub(crate) fn close(&self) {
-        self.lock().closed = true;
-        self.readable.notify_one();
+        let mut state = self.lock();
+        state.closed = true;
+        let reader = state.reader.take();
+        drop(state);
+        if let Some(reader) = reader {
+            reader.wake();
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The stop signal of a running app's loops: a flag read on every delivery
 //! (one atomic load) plus a notification for loops that are waiting.
 
+use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +26,14 @@ impl Stop {
 
     pub(crate) fn is_stopped(&self) -> bool {
         self.0.stopped.load(Ordering::Acquire)
+    }
+
+    /// Resolves when either future does.
+    pub(crate) async fn race(a: impl Future<Output = ()>, b: impl Future<Output = ()>) {
+        tokio::select! {
+            () = a => {}
+            () = b => {}
+        }
     }
 
     /// Resolves once [`stop`](Self::stop) was called (at once if it was).

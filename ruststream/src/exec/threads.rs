@@ -10,10 +10,12 @@
 //! until every ring has a free slot before taking a delivery, keeping the
 //! same bound.
 
+use std::future::poll_fn;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Poll, Waker};
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 
 use super::ring::Ring;
 use super::sequential::next;
@@ -35,30 +37,55 @@ type JobOf<B, S> =
 
 struct Rings<T> {
     rings: Vec<Ring<T>>,
-    /// The feeder waits here for a free slot; threads notify after each pop.
-    space: Notify,
+    /// The feeder, while it waits for a free slot. Threads wake it only
+    /// when their ring goes from full to not full.
+    feeder: Mutex<Option<Waker>>,
 }
 
 impl<T> Rings<T> {
+    fn feeder(&self) -> MutexGuard<'_, Option<Waker>> {
+        self.feeder.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A ring with a free slot (round robin from `cursor`), or — with `all` —
     /// the moment every ring has one.
     async fn wait_space(&self, all: bool, cursor: &mut usize) -> usize {
         let n = self.rings.len();
-        loop {
-            let mut space = pin!(self.space.notified());
-            space.as_mut().enable();
+        let mut find = || {
             if all {
-                if self.rings.iter().all(Ring::has_space) {
-                    return 0;
-                }
-            } else if let Some(i) = (0..n)
-                .map(|k| (*cursor + k) % n)
-                .find(|&i| self.rings[i].has_space())
-            {
+                self.rings.iter().all(Ring::has_space).then_some(0)
+            } else {
+                let i = (0..n)
+                    .map(|k| (*cursor + k) % n)
+                    .find(|&i| self.rings[i].has_space())?;
                 *cursor = (i + 1) % n;
-                return i;
+                Some(i)
             }
-            space.await;
+        };
+        poll_fn(|cx| {
+            if let Some(i) = find() {
+                return Poll::Ready(i);
+            }
+            // Register, then look again: a ring that lost its full state in
+            // between is seen now, one that loses it later wakes us (its
+            // thread takes this lock after its pop).
+            *self.feeder() = Some(cx.waker().clone());
+            match find() {
+                Some(i) => {
+                    *self.feeder() = None;
+                    Poll::Ready(i)
+                }
+                None => Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    /// A ring went from full to not full.
+    fn freed(&self) {
+        let feeder = self.feeder().take();
+        if let Some(feeder) = feeder {
+            feeder.wake();
         }
     }
 }
@@ -72,7 +99,7 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
 ) {
     let rings: Arc<Rings<JobOf<B, S>>> = Arc::new(Rings {
         rings: (0..n).map(|_| Ring::new()).collect(),
-        space: Notify::new(),
+        feeder: Mutex::new(None),
     });
     let mut finished = Vec::with_capacity(n);
     for index in 0..n {
@@ -99,12 +126,15 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
         }
     }
 
+    let closer = CloseOnDrop(&rings.rings);
     let mut cursor = 0;
+    // One stop waiter for the whole loop: registered once, not per wait.
+    let mut stopped = pin!(stop.wait());
     loop {
         let target = tokio::select! {
             biased;
             target = rings.wait_space(by_key, &mut cursor) => target,
-            () = stop.wait() => break,
+            () = &mut stopped => break,
         };
         let Some(delivery) = next(&mut subscription, &stop).await else {
             break;
@@ -121,9 +151,7 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
     }
     // Threads drain their rings (deliveries in hand are processed and
     // settled), then end.
-    for ring in &rings.rings {
-        ring.close();
-    }
+    drop(closer);
     for thread in finished {
         let _ = thread.await;
     }
@@ -135,11 +163,22 @@ async fn thread_loop<B: Broker, S: Subscriber>(
     index: usize,
 ) {
     let ring = &rings.rings[index];
-    while let Some(job) = ring.pop().await {
-        rings.space.notify_one();
+    while let Some(job) = ring.pop(|| rings.freed()).await {
         match job {
             Job::Raw(delivery) => unit.process_local(delivery).await,
             Job::Decoded(delivery, body) => unit.invoke_local(delivery, body).await,
+        }
+    }
+}
+
+/// Closes the rings however the feeder ends (also when it is aborted), so the
+/// threads drain them and end.
+struct CloseOnDrop<'a, T>(&'a [Ring<T>]);
+
+impl<T> Drop for CloseOnDrop<'_, T> {
+    fn drop(&mut self) {
+        for ring in self.0 {
+            ring.close();
         }
     }
 }

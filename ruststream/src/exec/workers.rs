@@ -2,10 +2,15 @@
 //! tasks, each with a mailbox of one. The loop first waits for an idle worker
 //! and only then takes a delivery from the broker, so at most `n` deliveries
 //! are in flight and none waits in the framework.
+//!
+//! The mailboxes and the idle stack share one small lock; the wake-ups are
+//! plain wakers kept under it, so a hand-off costs one lock and at most one
+//! wake in each direction, and the loop is woken only when it waits for an
+//! idle worker.
 
-use std::sync::Arc;
-
-use tokio::sync::mpsc;
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use super::sequential::next;
 use super::stop::Stop;
@@ -19,51 +24,210 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     stop: Stop,
     n: usize,
 ) {
-    // Idle workers announce themselves here, one message per idle period.
-    let (idle_tx, mut idle_rx) = mpsc::channel::<usize>(n);
-    let mut mailboxes = Vec::with_capacity(n);
+    let pool = Arc::new(Pool::new(n));
+    // Closes the mailboxes however the loop ends (also when it is aborted):
+    // workers finish the delivery in hand, see the close and stop.
+    let closer = CloseOnDrop(Arc::clone(&pool));
     let mut workers = Vec::with_capacity(n);
     for id in 0..n {
-        let (mailbox, mut inbox) = mpsc::channel(1);
-        mailboxes.push(mailbox);
         let unit = Arc::clone(&unit);
-        let idle_tx = idle_tx.clone();
+        let pool = Arc::clone(&pool);
         workers.push(tokio::spawn(async move {
-            while idle_tx.send(id).await.is_ok() {
-                let Some(delivery) = inbox.recv().await else {
-                    break;
-                };
+            let _alive = Alive(&pool);
+            while let Some(delivery) = pool.recv(id).await {
                 unit.process(delivery).await;
             }
         }));
     }
-    drop(idle_tx);
 
     loop {
-        let id = tokio::select! {
-            biased;
-            id = idle_rx.recv() => match id {
-                Some(id) => id,
-                None => break,
-            },
-            () = stop.wait() => break,
+        // No race with `stop` here: a worker always ends its delivery, and the
+        // loop then sees the stop before it takes another one (`next`), so
+        // the loop ends exactly when it would have (after its workers).
+        let Some(id) = pool.idle().await else {
+            break;
         };
         let Some(delivery) = next(&mut subscription, &stop).await else {
             break;
         };
-        if mailboxes[id].send(delivery).await.is_err() {
-            // Unreachable while the worker lives: it announced itself idle and
-            // waits on its mailbox. Dropping the delivery redelivers it.
-            tracing::error!(subject = %unit.config.subject, "worker mailbox closed");
-            break;
-        }
+        pool.hand(id, delivery);
     }
-    // Workers finish the delivery in hand, see their mailbox closed and stop.
-    drop(mailboxes);
-    drop(idle_rx);
+    drop(closer);
     for worker in workers {
         if let Err(err) = worker.await {
             tracing::error!(subject = %unit.config.subject, error = %err, "worker ended abnormally");
+        }
+    }
+}
+
+/// The workers' mailboxes and the idle stack.
+struct Pool<D> {
+    state: Mutex<PoolState<D>>,
+}
+
+struct PoolState<D> {
+    /// Workers waiting on an empty mailbox, each listed once.
+    idle: Vec<usize>,
+    mailboxes: Vec<Mailbox<D>>,
+    /// The loop, while it waits for an idle worker.
+    loop_waker: Option<Waker>,
+    /// Workers whose task still runs.
+    alive: usize,
+    closed: bool,
+}
+
+struct Mailbox<D> {
+    item: Option<D>,
+    /// The worker, while it waits on this mailbox.
+    waker: Option<Waker>,
+    /// True while the worker's id is on the idle stack.
+    listed: bool,
+}
+
+impl<D> Pool<D> {
+    fn new(n: usize) -> Self {
+        Pool {
+            state: Mutex::new(PoolState {
+                idle: Vec::with_capacity(n),
+                mailboxes: (0..n)
+                    .map(|_| Mailbox {
+                        item: None,
+                        waker: None,
+                        listed: false,
+                    })
+                    .collect(),
+                loop_waker: None,
+                alive: n,
+                closed: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState<D>> {
+        // No user code runs under this lock: a poisoned lock is consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An idle worker, now reserved for the next delivery; `Err(true)` when
+    /// none is idle yet, `Err(false)` when none will ever be (all ended).
+    fn pop_idle(state: &mut PoolState<D>) -> Result<usize, bool> {
+        match state.idle.pop() {
+            Some(id) => {
+                state.mailboxes[id].listed = false;
+                Ok(id)
+            }
+            None => Err(state.alive > 0),
+        }
+    }
+
+    /// Waits for an idle worker; `None` once every worker has ended.
+    async fn idle(&self) -> Option<usize> {
+        poll_fn(|cx| {
+            let mut state = self.lock();
+            match Self::pop_idle(&mut state) {
+                Ok(id) => {
+                    state.loop_waker = None;
+                    Poll::Ready(Some(id))
+                }
+                Err(false) => Poll::Ready(None),
+                Err(true) => {
+                    register(&mut state.loop_waker, cx);
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    /// Puts a delivery into the mailbox of a worker reserved by
+    /// [`idle`](Self::idle), and wakes it.
+    fn hand(&self, id: usize, delivery: D) {
+        let mut state = self.lock();
+        let mailbox = &mut state.mailboxes[id];
+        debug_assert!(mailbox.item.is_none(), "an idle worker's mailbox is empty");
+        mailbox.item = Some(delivery);
+        let waker = mailbox.waker.take();
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// The next delivery of worker `id`: announces the worker idle (waking
+    /// the loop if it waits for one) and waits for its mailbox. `None` once
+    /// the mailboxes are closed and this one is empty.
+    async fn recv(&self, id: usize) -> Option<D> {
+        poll_fn(|cx| self.poll_recv(id, cx)).await
+    }
+
+    fn poll_recv(&self, id: usize, cx: &mut Context<'_>) -> Poll<Option<D>> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let mailbox = &mut state.mailboxes[id];
+        if let Some(item) = mailbox.item.take() {
+            return Poll::Ready(Some(item));
+        }
+        if state.closed {
+            return Poll::Ready(None);
+        }
+        register(&mut mailbox.waker, cx);
+        if mailbox.listed {
+            return Poll::Pending;
+        }
+        mailbox.listed = true;
+        state.idle.push(id);
+        let waiting_loop = state.loop_waker.take();
+        drop(guard);
+        if let Some(waker) = waiting_loop {
+            waker.wake();
+        }
+        Poll::Pending
+    }
+
+    /// No more deliveries: wakes every waiting worker so it can stop.
+    fn close(&self) {
+        let mut state = self.lock();
+        state.closed = true;
+        let wakers: Vec<Waker> = state
+            .mailboxes
+            .iter_mut()
+            .filter_map(|m| m.waker.take())
+            .collect();
+        drop(state);
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+}
+
+/// Stores the current task's waker in `slot` unless it is already there.
+fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    match slot {
+        Some(waker) if waker.will_wake(cx.waker()) => {}
+        _ => *slot = Some(cx.waker().clone()),
+    }
+}
+
+struct CloseOnDrop<D>(Arc<Pool<D>>);
+
+impl<D> Drop for CloseOnDrop<D> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// Held by a worker task: when it ends (also by a panic), the loop stops
+/// waiting for it.
+struct Alive<'a, D>(&'a Pool<D>);
+
+impl<D> Drop for Alive<'_, D> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.alive -= 1;
+        let waker = state.loop_waker.take();
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
         }
     }
 }

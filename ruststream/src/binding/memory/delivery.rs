@@ -2,8 +2,8 @@
 
 use std::sync::{Arc, Weak};
 
-use super::Inner;
 use super::queue::Queue;
+use super::{Connection, Inner};
 use crate::binding::{Delivery, Subscription};
 use crate::message::header;
 use crate::{Envelope, Message, Result};
@@ -15,13 +15,21 @@ use crate::{Envelope, Message, Result};
 pub struct MemorySubscription {
     pub(super) queue: Arc<Queue>,
     pub(super) broker: Weak<Inner>,
+    pub(super) conn: Arc<Connection>,
 }
 
 impl Subscription for MemorySubscription {
     type Delivery = MemoryDelivery;
 
     async fn next(&mut self) -> Option<MemoryDelivery> {
-        let env = self.queue.pop().await?;
+        if self.conn.is_closed() {
+            return None;
+        }
+        let env = tokio::select! {
+            biased;
+            env = self.queue.pop() => env?,
+            () = self.conn.closed() => return None,
+        };
         Some(MemoryDelivery {
             env: Some(env),
             queue: Arc::clone(&self.queue),

@@ -51,10 +51,40 @@ use crate::{CoreHwm, Envelope, Error, Message, Result, Text};
 
 static NEXT_BROKER_ID: AtomicU64 = AtomicU64::new(1);
 
-/// The embedded in-process broker. Cheap to clone; clones share state.
+/// The embedded in-process broker: a server and a connection to it in one
+/// value. Clones share the connection; [`connect`](MemoryBroker::connect)
+/// opens another connection to the same server, which closes on its own —
+/// like two processes on one NATS server.
 #[derive(Clone)]
 pub struct MemoryBroker {
     inner: Arc<Inner>,
+    conn: Arc<Connection>,
+}
+
+/// One connection's state: closing it ends its subscriptions and refuses its
+/// publishes, and leaves other connections running.
+#[derive(Default)]
+pub(crate) struct Connection {
+    closed: AtomicBool,
+    on_close: tokio::sync::Notify,
+}
+
+impl Connection {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the connection is closed.
+    pub(crate) async fn closed(&self) {
+        loop {
+            let mut notified = std::pin::pin!(self.on_close.notified());
+            notified.as_mut().enable();
+            if self.is_closed() {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 pub(crate) struct Inner {
@@ -62,7 +92,6 @@ pub(crate) struct Inner {
     registry: RwLock<Registry>,
     budget: usize,
     publish_timeout: Duration,
-    closed: AtomicBool,
     inbox_prefix: String,
     next_inbox: AtomicU64,
     inbox: Mutex<HashMap<u64, oneshot::Sender<Envelope>>>,
@@ -130,11 +159,11 @@ impl MemoryBrokerBuilder {
                 registry: RwLock::new(Registry::default()),
                 budget: self.hwm.effective_budget_bytes(),
                 publish_timeout: self.publish_timeout,
-                closed: AtomicBool::new(false),
                 inbox_prefix: format!("_INBOX.{id}."),
                 next_inbox: AtomicU64::new(1),
                 inbox: Mutex::new(HashMap::new()),
             }),
+            conn: Arc::default(),
         }
     }
 }
@@ -164,6 +193,23 @@ impl MemoryBroker {
         MemoryBrokerBuilder::default()
     }
 
+    /// A new connection to the same in-process server. Closing it ends only
+    /// its own subscriptions: unsettled deliveries go back to their queues for
+    /// the other consumers.
+    pub fn connect(&self) -> MemoryBroker {
+        MemoryBroker {
+            inner: Arc::clone(&self.inner),
+            conn: Arc::default(),
+        }
+    }
+
+    fn ensure_open(&self) -> Result<()> {
+        if self.conn.is_closed() {
+            return Err(Error::Closed("memory broker connection is closed"));
+        }
+        Ok(())
+    }
+
     /// Bytes all receive queues own right now (the Core's own observation;
     /// JQ-1).
     pub fn queued_bytes(&self) -> usize {
@@ -180,20 +226,12 @@ impl Inner {
         self.registry.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn ensure_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed("memory broker is closed"));
-        }
-        Ok(())
-    }
-
     pub(crate) async fn publish(
         &self,
         subject: &str,
         message: Message,
         deadline: Deadline,
     ) -> Result<()> {
-        self.ensure_open()?;
         if let Some(id) = subject.strip_prefix(self.inbox_prefix.as_str()) {
             self.complete(id, subject, message);
             return Ok(());
@@ -283,7 +321,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn subscribe(&self, options: SubscribeOptions) -> Result<MemorySubscription> {
-        self.inner.ensure_open()?;
+        self.ensure_open()?;
         let mut registry = self.inner.registry_write();
         let existing = options
             .queue_group
@@ -307,6 +345,7 @@ impl Broker for MemoryBroker {
         Ok(MemorySubscription {
             queue,
             broker: Arc::downgrade(&self.inner),
+            conn: Arc::clone(&self.conn),
         })
     }
 
@@ -316,6 +355,7 @@ impl Broker for MemoryBroker {
         message: Message,
         deadline: Option<Instant>,
     ) -> Result<()> {
+        self.ensure_open()?;
         let deadline = match deadline {
             Some(at) => Deadline::At(at),
             None => Deadline::After(self.inner.publish_timeout),
@@ -323,20 +363,13 @@ impl Broker for MemoryBroker {
         self.inner.publish(subject, message, deadline).await
     }
 
+    /// Closes this connection: its subscriptions end (their queues keep
+    /// serving other connections' members), and its publishes fail with
+    /// `Closed`. Other connections to the same server are not affected.
     async fn close(&self) -> Result<()> {
-        if self.inner.closed.swap(true, Ordering::AcqRel) {
-            return Ok(());
+        if !self.conn.closed.swap(true, Ordering::AcqRel) {
+            self.conn.on_close.notify_waiters();
         }
-        let queues = self.inner.registry_write().drain();
-        for queue in queues {
-            queue.close();
-        }
-        // Dropping the senders ends every pending request with `Closed`.
-        self.inner
-            .inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
         Ok(())
     }
 }
@@ -365,7 +398,7 @@ impl Requester for MemoryBroker {
         timeout: Duration,
     ) -> Result<Envelope> {
         let inner = &*self.inner;
-        inner.ensure_open()?;
+        self.ensure_open()?;
         if inner.registry_read().targets(subject).is_none() {
             return Err(Error::NoResponders(subject.to_owned()));
         }

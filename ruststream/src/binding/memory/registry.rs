@@ -99,14 +99,4 @@ impl Registry {
         );
         (!queues.is_empty()).then_some(Targets::Owned(queues))
     }
-
-    /// Every queue, for closing.
-    pub(crate) fn drain(&mut self) -> Vec<Arc<Queue>> {
-        self.groups.clear();
-        let mut all: Vec<_> = self.patterns.drain(..).collect();
-        for (_, route) in self.exact.drain() {
-            all.extend(route.queues.iter().cloned());
-        }
-        all
-    }
 }

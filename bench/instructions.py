@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Instructions per message under callgrind, and the regression gate.
+
+    bench/instructions.py            measure every scenario of the baseline and
+                                     fail if one costs more than 5% over it
+    bench/instructions.py --update   measure and rewrite bench/baseline.json
+                                     (commit it with a message that says why)
+
+Marginal instructions per message = (Ir(N=2000) - Ir(N=1000)) / 1000 on the
+current-thread runtime, leaving out building and freeing the payloads: the
+same figure `bench/run.sh --callgrind` prints. Callgrind counts instructions,
+not time, so the figure does not depend on what else the machine is doing.
+A scenario over the limit is measured twice more and judged on the median,
+so a rare scheduling difference in the threaded scenarios cannot fail CI.
+"""
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "bench" / "baseline.json"
+TOLERANCE = 1.05
+SCENARIOS = [
+    "consume-json",
+    "consume-workers4",
+    "consume-bykey4",
+    "consume-threads4",
+    "request-reply",
+    "publish-only",
+    "raw-mpsc",
+]
+
+
+def binary() -> Path:
+    subprocess.run(
+        ["cargo", "build", "--quiet", "--release", "-p", "ruststream-bench"],
+        cwd=ROOT,
+        check=True,
+    )
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    return target / "release" / "ruststream-bench"
+
+
+def total_ir(bin_path: Path, scenario: str, n: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                "--toggle-collect=*payload::build*",
+                "--toggle-collect=*payload::discard*",
+                "--collect-atstart=yes",
+                str(bin_path),
+                scenario,
+                str(n),
+            ],
+            env={**os.environ, "RUSTSTREAM_BENCH_RT": "current"},
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        text = out.read_text()
+    match = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
+    if not match:
+        sys.exit(f"no instruction total in callgrind output for {scenario}")
+    return int(match.group(1))
+
+
+def per_message(bin_path: Path, scenario: str) -> int:
+    return (total_ir(bin_path, scenario, 2000) - total_ir(bin_path, scenario, 1000)) // 1000
+
+
+def main() -> int:
+    update = "--update" in sys.argv[1:]
+    bin_path = binary()
+    baseline = json.loads(BASELINE.read_text()) if BASELINE.exists() else {"scenarios": {}}
+    measured = {}
+    failed = []
+    print(f"{'scenario':<18} {'instr/msg':>10} {'baseline':>10} {'change':>8}")
+    for scenario in SCENARIOS:
+        ir = per_message(bin_path, scenario)
+        base = baseline["scenarios"].get(scenario)
+        if not update and base and ir > base * TOLERANCE:
+            ir = int(statistics.median([ir, per_message(bin_path, scenario), per_message(bin_path, scenario)]))
+        measured[scenario] = ir
+        change = f"{(ir / base - 1) * 100:+.1f}%" if base else "new"
+        print(f"{scenario:<18} {ir:>10} {base or '-':>10} {change:>8}")
+        if not update and base and ir > base * TOLERANCE:
+            failed.append(scenario)
+    raw = measured.get("raw-mpsc")
+    if raw:
+        print("framework cost (scenario - raw-mpsc): " + ", ".join(
+            f"{s} {measured[s] - raw:+d}" for s in SCENARIOS if s not in ("raw-mpsc", "request-reply")
+        ))
+    if update:
+        rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout.strip()
+        BASELINE.write_text(json.dumps({
+            "what": "marginal instructions per message, (Ir(2000) - Ir(1000)) / 1000, current-thread runtime",
+            "rustc": rustc,
+            "scenarios": measured,
+        }, indent=2) + "\n")
+        print(f"wrote {BASELINE.relative_to(ROOT)}")
+        return 0
+    if failed:
+        print(f"instructions per message grew more than 5% over bench/baseline.json: {', '.join(failed)}")
+        print("fix the regression, or update the baseline in a commit that says why")
+        return 1
+    print("within 5% of bench/baseline.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+#[ruststream::app(shutdown_timeout = "30 seconds")]
+async fn main() {}
