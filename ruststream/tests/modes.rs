@@ -462,3 +462,67 @@ async fn zero_workers_from_the_builder_is_a_startup_error() {
         .unwrap_err();
     assert!(matches!(err, ruststream::Error::Config(_)), "{err:?}");
 }
+
+// ---------------------------------------------------------------------------
+// No lost wake-up: many tiny deliveries through each pooled mode must all
+// arrive (a lost wake-up would hang here and fail at the timeout).
+
+static STRESS_DONE: [AtomicU32; 3] = [AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0)];
+static STRESS_ALL: [Notify; 3] = [
+    Notify::const_new(),
+    Notify::const_new(),
+    Notify::const_new(),
+];
+const STRESS_N: u32 = 20_000;
+
+fn stress_seen(mode: usize) {
+    if STRESS_DONE[mode].fetch_add(1, Ordering::SeqCst) + 1 == STRESS_N {
+        STRESS_ALL[mode].notify_one();
+    }
+}
+
+#[subscriber("stress.workers", workers(3))]
+async fn stress_workers(_b: Bytes) {
+    stress_seen(0);
+}
+
+#[subscriber("stress.by_key", workers(3, by_key))]
+async fn stress_by_key(_b: Bytes) {
+    stress_seen(1);
+}
+
+#[subscriber("stress.threads", threads(3))]
+async fn stress_threads(_b: Bytes) {
+    stress_seen(2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_lost_wakeup_under_stress_in_any_pooled_mode() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(stress_workers)
+        .subscriber(stress_by_key)
+        .subscriber(stress_threads)
+        .start()
+        .await
+        .unwrap();
+    for i in 0..STRESS_N {
+        for subject in ["stress.workers", "stress.by_key", "stress.threads"] {
+            let message = Message::new(Bytes::new()).with_key(format!("k{}", i % 37));
+            broker
+                .publish_message(subject, message, None)
+                .await
+                .unwrap();
+        }
+    }
+    for (mode, all) in STRESS_ALL.iter().enumerate() {
+        within(
+            60,
+            &format!("every delivery in mode {mode}"),
+            all.notified(),
+        )
+        .await;
+    }
+    running.shutdown().await.unwrap();
+}
