@@ -43,6 +43,7 @@ mod config;
 mod ctx;
 mod error;
 mod exec;
+pub mod ingress;
 mod message;
 pub mod metrics;
 mod pipeline;

@@ -9,6 +9,8 @@
 //! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` (JQ-19) |
 //! | `ruststream_settle_errors_total` | counter | `subject` | ack/nack/reject calls the broker refused |
 //! | `ruststream_retry_lost_total` | counter | `subject` | `retry_after` republishes the broker refused |
+//! | `ruststream_pressure_transitions_total` | counter | `to` | RUNNING/PAUSED transitions of the job queue (JQ-14) |
+//! | `ruststream_pressure_paused` | gauge | | 1 while the job queue is PAUSED |
 //! | `ruststream_aborted_total` | counter | | handlers aborted by the shutdown timeout (their deliveries stay unsettled) |
 
 use crate::Text;
@@ -23,6 +25,17 @@ pub const REJECTED: &str = "ruststream_rejected_total";
 pub const DEADLINE_EXCEEDED: &str = "ruststream_deadline_exceeded_total";
 /// Settlement calls that failed.
 pub const SETTLE_ERRORS: &str = "ruststream_settle_errors_total";
+
+/// Pressure transitions (label `to` = `paused` | `running`), JQ-14.
+pub const PRESSURE_TRANSITIONS: &str = "ruststream_pressure_transitions_total";
+/// Current pressure state: 1 paused, 0 running.
+pub const PRESSURE_PAUSED: &str = "ruststream_pressure_paused";
+
+pub(crate) fn pressure_transition(paused: bool) {
+    let to = if paused { "paused" } else { "running" };
+    metrics::counter!(PRESSURE_TRANSITIONS, "to" => to).increment(1);
+    metrics::gauge!(PRESSURE_PAUSED).set(if paused { 1.0 } else { 0.0 });
+}
 
 /// `retry_after` republishes that failed.
 pub const RETRY_LOST: &str = "ruststream_retry_lost_total";

@@ -44,6 +44,25 @@ pub(crate) enum Refusal {
     Closed,
 }
 
+impl From<Refusal> for crate::Error {
+    /// A structural limit (JQ-21), never a deadline: the caller can tell a
+    /// full owner FIFO from a publish that ran out of time (JQ-24 item 16).
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::OwnerCount => {
+                crate::Error::StructuralLimit("owner FIFO is at its count limit".into())
+            }
+            Refusal::OwnerBytes => {
+                crate::Error::StructuralLimit("owner FIFO is at its byte limit".into())
+            }
+            Refusal::Total => {
+                crate::Error::StructuralLimit("owner FIFOs are at their total limit".into())
+            }
+            Refusal::Closed => crate::Error::Closed("owner FIFOs are closed"),
+        }
+    }
+}
+
 struct Owner<T> {
     fifo: VecDeque<(T, usize)>,
     /// Items charged to this owner: queued plus the one running.
@@ -447,6 +466,11 @@ mod tests {
 
         let (why, back) = owners.try_admit(7, 3, 10).unwrap_err();
         assert_eq!((why, back), (Refusal::OwnerCount, 3));
+        let err = crate::Error::from(why);
+        assert!(
+            matches!(err, crate::Error::StructuralLimit(_)) && !err.is_deadline(),
+            "a structural limit, distinct from a deadline: {err:?}"
+        );
         assert_eq!(owners.owner_stats(7).unwrap(), before);
         assert_eq!(owners.total(), 2);
 

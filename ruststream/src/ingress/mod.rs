@@ -1,0 +1,29 @@
+//! The application job queue (JQ-1 … JQ-17): one pool of job permits per
+//! running app, shared by every subscription, and the pressure state derived
+//! from it.
+//!
+//! * [`JobQueueSettings`]: profile, exact `max_queued_jobs`, pause/resume
+//!   percents (JQ-3, JQ-14).
+//! * [`JobQueue`]: FIFO permits — oldest waiting source first, one waiter per
+//!   source (JQ-4, JQ-7) — whose count in use drives RUNNING/PAUSED with
+//!   hysteresis (JQ-14), applied to registered receive-flow switches outside
+//!   every lock, never re-applied, never overwritten by a stale transition
+//!   (JQ-16, JQ-17).
+//!
+//! The Core's byte HWM is a separate authority (JQ-1): nothing here reads or
+//! sizes it.
+//!
+//! Status: the permit pool and the pressure state machine are complete and
+//! tested on their own. Taking a permit before every receive in the
+//! subscriber loops, the memory Core's remote-pause switch and fair
+//! multi-source receive (JQ-12) are not wired yet; until then an app's
+//! read-ahead is bounded per subscriber by its execution mode (see the
+//! "Execution modes" chapter).
+
+mod permits;
+mod pressure;
+mod settings;
+
+pub use permits::{JobPermit, JobQueue, ReceiveFlow, SourceRegistration};
+pub use pressure::{Pressure, PressureState, Thresholds};
+pub use settings::{JobQueueProfile, JobQueueSettings};

@@ -1,0 +1,470 @@
+//! Job permits (JQ-2, JQ-4 … JQ-8, JQ-11) and the pressure state they drive
+//! (JQ-14 … JQ-17).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use super::pressure::{Pressure, PressureState, Thresholds};
+use super::settings::JobQueueSettings;
+use crate::metrics;
+
+/// A receive-flow switch (JQ-15): the one control point between framework
+/// pressure and a binding's receive flow (JQ-16). Called outside every lock
+/// of the job queue and its registry (JQ-17), with the absolute state.
+pub trait ReceiveFlow: Send + Sync + 'static {
+    /// Stops (`true`) or resumes (`false`) receiving.
+    fn set_paused(&self, paused: bool);
+}
+
+/// One permit: a reserved supply slot or a queued job (JQ-2). It travels with
+/// its record and is returned exactly once, when dropped (JQ-11): right
+/// before the handler body starts, after bounded processing of a control or
+/// malformed record, or on cancellation and shutdown.
+#[must_use = "a permit is returned when dropped"]
+pub struct JobPermit {
+    queue: Arc<JobQueue>,
+}
+
+impl std::fmt::Debug for JobPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JobPermit")
+    }
+}
+
+impl Drop for JobPermit {
+    fn drop(&mut self) {
+        self.queue.release();
+    }
+}
+
+struct Source {
+    id: u64,
+    flow: Arc<dyn ReceiveFlow>,
+    /// The newest transition applied; serializes this source's binding calls
+    /// so a stale transition never overwrites a newer one (JQ-16).
+    applied_epoch: Mutex<u64>,
+}
+
+impl Source {
+    fn apply(&self, epoch: u64, state: PressureState) {
+        let mut applied = self.applied_epoch.lock().unwrap_or_else(|e| e.into_inner());
+        if epoch <= *applied && *applied != 0 {
+            return;
+        }
+        *applied = epoch;
+        self.flow.set_paused(state == PressureState::Paused);
+    }
+}
+
+struct Tracker {
+    state: PressureState,
+    /// Incremented on every transition; 1 is the initial RUNNING state.
+    epoch: u64,
+    pause_count: u64,
+    paused_since: Option<Instant>,
+    paused_total: Duration,
+    sources: Vec<Arc<Source>>,
+    next_source: u64,
+}
+
+/// The application job queue: one per running app, shared by every
+/// subscription (JQ-2).
+pub struct JobQueue {
+    permits: Semaphore,
+    max: usize,
+    thresholds: Thresholds,
+    in_use: AtomicUsize,
+    waiters: AtomicUsize,
+    /// Mirror of the tracker's state, for the lock-free fast path.
+    paused: AtomicBool,
+    tracker: Mutex<Tracker>,
+}
+
+impl std::fmt::Debug for JobQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobQueue")
+            .field("pressure", &self.pressure())
+            .finish()
+    }
+}
+
+/// A source's place in the receive registry; dropping it removes the source
+/// first, before the source itself closes (JQ-17).
+#[must_use = "the source leaves the registry when this is dropped"]
+pub struct SourceRegistration {
+    queue: Arc<JobQueue>,
+    id: u64,
+}
+
+impl Drop for SourceRegistration {
+    fn drop(&mut self) {
+        self.queue.tracker().sources.retain(|s| s.id != self.id);
+    }
+}
+
+impl JobQueue {
+    /// A job queue with validated settings.
+    pub fn new(settings: &JobQueueSettings) -> crate::Result<Arc<JobQueue>> {
+        settings.validate()?;
+        let max = settings.effective_max();
+        let (pause, resume) = settings.percents();
+        Ok(Arc::new(JobQueue {
+            permits: Semaphore::new(max),
+            max,
+            thresholds: Thresholds::new(max, pause, resume),
+            in_use: AtomicUsize::new(0),
+            waiters: AtomicUsize::new(0),
+            paused: AtomicBool::new(false),
+            tracker: Mutex::new(Tracker {
+                state: PressureState::Running,
+                epoch: 1,
+                pause_count: 0,
+                paused_since: None,
+                paused_total: Duration::ZERO,
+                sources: Vec::new(),
+                next_source: 1,
+            }),
+        }))
+    }
+
+    fn tracker(&self) -> MutexGuard<'_, Tracker> {
+        self.tracker.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for a permit: the oldest waiter is served first (JQ-7).
+    /// Cancel-safe: a dropped wait takes nothing (JQ-11).
+    pub async fn acquire(self: &Arc<Self>) -> JobPermit {
+        if let Ok(permit) = self.permits.try_acquire() {
+            permit.forget();
+        } else {
+            self.waiters.fetch_add(1, Ordering::Relaxed);
+            let _waiting = Waiting(&self.waiters);
+            match self.permits.acquire().await {
+                Ok(permit) => permit.forget(),
+                Err(_) => unreachable!("the job queue's semaphore is never closed"),
+            }
+        }
+        self.taken();
+        JobPermit {
+            queue: Arc::clone(self),
+        }
+    }
+
+    /// A permit if one is free now.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<JobPermit> {
+        self.permits.try_acquire().ok()?.forget();
+        self.taken();
+        Some(JobPermit {
+            queue: Arc::clone(self),
+        })
+    }
+
+    fn taken(&self) {
+        let in_use = self.in_use.fetch_add(1, Ordering::AcqRel) + 1;
+        if !self.paused.load(Ordering::Acquire) && in_use >= self.thresholds.pause {
+            self.recompute();
+        }
+    }
+
+    fn release(&self) {
+        let in_use = self.in_use.fetch_sub(1, Ordering::AcqRel) - 1;
+        self.permits.add_permits(1);
+        if self.paused.load(Ordering::Acquire) && in_use <= self.thresholds.resume {
+            self.recompute();
+        }
+    }
+
+    /// Recomputes the state from the current count; applies a change to every
+    /// registered source outside the lock (JQ-16, JQ-17).
+    fn recompute(&self) {
+        let (epoch, state, sources) = {
+            let mut t = self.tracker();
+            let in_use = self.in_use.load(Ordering::Acquire);
+            let next = self.thresholds.next(t.state, in_use);
+            if next == t.state {
+                return;
+            }
+            t.state = next;
+            t.epoch += 1;
+            let now = Instant::now();
+            match next {
+                PressureState::Paused => {
+                    t.pause_count += 1;
+                    t.paused_since = Some(now);
+                }
+                PressureState::Running => {
+                    if let Some(since) = t.paused_since.take() {
+                        t.paused_total += now - since;
+                    }
+                }
+            }
+            self.paused
+                .store(next == PressureState::Paused, Ordering::Release);
+            (t.epoch, next, t.sources.clone())
+        };
+        metrics::pressure_transition(state == PressureState::Paused);
+        for source in sources {
+            source.apply(epoch, state);
+        }
+    }
+
+    /// Registers a source's receive-flow switch. It gets the current state
+    /// before it is published to the registry (JQ-17).
+    pub fn register(self: &Arc<Self>, flow: Arc<dyn ReceiveFlow>) -> SourceRegistration {
+        let (id, epoch, state) = {
+            let mut t = self.tracker();
+            t.next_source += 1;
+            (t.next_source, t.epoch, t.state)
+        };
+        let source = Arc::new(Source {
+            id,
+            flow,
+            applied_epoch: Mutex::new(0),
+        });
+        source.apply(epoch, state);
+        let (latest_epoch, latest_state) = {
+            let mut t = self.tracker();
+            t.sources.push(Arc::clone(&source));
+            (t.epoch, t.state)
+        };
+        // A transition between the two locks did not see this source yet.
+        if latest_epoch != epoch {
+            source.apply(latest_epoch, latest_state);
+        }
+        SourceRegistration {
+            queue: Arc::clone(self),
+            id,
+        }
+    }
+
+    /// Current pressure observation.
+    pub fn pressure(&self) -> Pressure {
+        let t = self.tracker();
+        let current_pause = t.paused_since.map_or(Duration::ZERO, |s| s.elapsed());
+        Pressure {
+            state: t.state,
+            in_use: self.in_use.load(Ordering::Acquire),
+            max: self.max,
+            pause_count: t.pause_count,
+            paused_for: t.paused_total + current_pause,
+        }
+    }
+
+    /// Sources waiting for a permit.
+    pub fn waiters(&self) -> usize {
+        self.waiters.load(Ordering::Relaxed)
+    }
+
+    /// The thresholds in force.
+    pub fn thresholds(&self) -> Thresholds {
+        self.thresholds
+    }
+}
+
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingress::JobQueueSettings;
+
+    #[derive(Default)]
+    struct Switch {
+        calls: Mutex<Vec<bool>>,
+    }
+
+    impl ReceiveFlow for Switch {
+        fn set_paused(&self, paused: bool) {
+            self.calls.lock().unwrap().push(paused);
+        }
+    }
+
+    fn queue(max: usize) -> Arc<JobQueue> {
+        JobQueue::new(&JobQueueSettings::default().max_queued_jobs(max)).unwrap()
+    }
+
+    /// JQ-24 item 11: 80% pause, 60% resume, hysteresis between — exact.
+    #[tokio::test]
+    async fn jq24_11_pause_resume_hysteresis() {
+        let q = queue(10);
+        let switch = Arc::new(Switch::default());
+        let _reg = q.register(switch.clone());
+        let mut held = Vec::new();
+        for _ in 0..7 {
+            held.push(q.acquire().await);
+        }
+        assert_eq!(q.pressure().state, PressureState::Running, "7 < pause 8");
+        held.push(q.acquire().await);
+        assert_eq!(
+            q.pressure().state,
+            PressureState::Paused,
+            "8 = ceil(10*80/100)"
+        );
+        held.push(q.acquire().await);
+        held.pop();
+        held.pop();
+        assert_eq!(
+            q.pressure().state,
+            PressureState::Paused,
+            "7: between, holds"
+        );
+        held.pop();
+        assert_eq!(q.pressure().in_use, 6);
+        assert_eq!(
+            q.pressure().state,
+            PressureState::Running,
+            "6 = floor(10*60/100)"
+        );
+        held.push(q.acquire().await);
+        assert_eq!(
+            q.pressure().state,
+            PressureState::Running,
+            "7: between, holds"
+        );
+        // Applied once per change, never re-applied: initial RUNNING, then
+        // PAUSED, then RUNNING.
+        assert_eq!(*switch.calls.lock().unwrap(), [false, true, false]);
+        assert_eq!(q.pressure().pause_count, 1);
+        drop(held);
+        assert_eq!(q.pressure().in_use, 0, "every permit returned exactly once");
+    }
+
+    /// JQ-24 item 2: reservations and queued jobs count; waiters without a
+    /// permit do not; only returning a permit lowers the count.
+    #[tokio::test(start_paused = true)]
+    async fn jq24_2_permit_count_rule() {
+        let q = queue(2);
+        let a = q.acquire().await;
+        let b = q.acquire().await;
+        assert_eq!(q.pressure().in_use, 2);
+        let waiting = tokio::spawn({
+            let q = Arc::clone(&q);
+            async move { q.acquire().await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(q.waiters(), 1);
+        assert_eq!(q.pressure().in_use, 2, "a waiter is not counted");
+        drop(a);
+        let c = waiting.await.unwrap();
+        assert_eq!(q.pressure().in_use, 2, "the permit moved to the waiter");
+        drop((b, c));
+        assert_eq!(q.pressure().in_use, 0);
+    }
+
+    /// JQ-7: permits go to the oldest waiter first.
+    #[tokio::test(start_paused = true)]
+    async fn oldest_waiter_first_with_three_sources() {
+        let q = queue(1);
+        let held = q.acquire().await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut sources = Vec::new();
+        for source in 0..3 {
+            let q = Arc::clone(&q);
+            let order = Arc::clone(&order);
+            sources.push(tokio::spawn(async move {
+                let permit = q.acquire().await;
+                order.lock().unwrap().push(source);
+                drop(permit);
+            }));
+            // Each source is queued before the next one starts waiting.
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(q.waiters(), 3);
+        drop(held);
+        for s in sources {
+            s.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
+    }
+
+    /// JQ-11: a cancelled wait takes nothing and returns nothing twice.
+    #[tokio::test(start_paused = true)]
+    async fn cancelled_wait_leaks_no_permit() {
+        let q = queue(1);
+        let held = q.acquire().await;
+        let cancelled = tokio::time::timeout(Duration::from_secs(1), q.acquire()).await;
+        assert!(cancelled.is_err());
+        assert_eq!(q.waiters(), 0);
+        drop(held);
+        assert_eq!(q.pressure().in_use, 0);
+        let again = q.try_acquire().expect("the permit is free again");
+        drop(again);
+        assert_eq!(q.pressure().in_use, 0);
+    }
+
+    /// JQ-24 item 12: a new source gets the current state before it joins;
+    /// a closed source gets nothing more; concurrent transitions end in the
+    /// latest absolute state on every source.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jq24_12_new_source_sync_close_and_stale_transitions() {
+        let q = queue(10);
+        let mut held: Vec<_> = (0..8).map(|_| q.try_acquire().unwrap()).collect();
+        let late = Arc::new(Switch::default());
+        let reg = q.register(late.clone());
+        assert_eq!(*late.calls.lock().unwrap(), [true], "joined while PAUSED");
+        drop(reg);
+        held.truncate(6);
+        assert_eq!(q.pressure().state, PressureState::Running);
+        assert_eq!(
+            *late.calls.lock().unwrap(),
+            [true],
+            "removed before closing"
+        );
+
+        // Many threads flip the state back and forth; every source ends in
+        // the state the final count implies.
+        let switches: Vec<_> = (0..4).map(|_| Arc::new(Switch::default())).collect();
+        let regs: Vec<_> = switches.iter().map(|s| q.register(s.clone())).collect();
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let q = Arc::clone(&q);
+                tokio::spawn(async move {
+                    // One permit at a time: holding some while waiting for
+                    // more would be a wait cycle (JQ-11).
+                    for _ in 0..5000 {
+                        let permit = q.acquire().await;
+                        tokio::task::yield_now().await;
+                        drop(permit);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let pressure = q.pressure();
+        assert!(pressure.pause_count > 1, "the state flipped under load");
+        assert_eq!(
+            pressure.state,
+            PressureState::Running,
+            "6 held: resume level"
+        );
+        for s in &switches {
+            let last = *s.calls.lock().unwrap().last().unwrap();
+            assert!(!last, "a stale PAUSED never overwrites the final RUNNING");
+        }
+        drop(regs);
+        drop(held);
+        assert_eq!(q.pressure().in_use, 0);
+    }
+
+    /// JQ-3: invalid percents are a clear startup error.
+    #[test]
+    fn invalid_settings_are_refused() {
+        for (p, r) in [(0, 0), (101, 50), (80, 100), (60, 60), (50, 70)] {
+            let err = JobQueue::new(&JobQueueSettings::default().pause_resume(p, r)).unwrap_err();
+            assert!(matches!(err, crate::Error::Config(_)), "{p}/{r}: {err:?}");
+        }
+        assert!(JobQueue::new(&JobQueueSettings::default().max_queued_jobs(0)).is_err());
+    }
+}
