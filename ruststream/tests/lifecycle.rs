@@ -8,25 +8,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::within;
+use common::{Gate, within};
 use ruststream::prelude::*;
 use ruststream::{Envelope, Error, MemorySubscription, SubscribeOptions, header};
 use tokio::sync::{Notify, Semaphore};
-
-/// A gate handlers wait at until the test opens it.
-struct Gate(Semaphore);
-
-impl Gate {
-    const fn new() -> Self {
-        Gate(Semaphore::const_new(0))
-    }
-    async fn pass(&self) {
-        self.0.acquire().await.expect("gate open").forget();
-    }
-    fn open(&self) {
-        self.0.add_permits(Semaphore::MAX_PERMITS / 2);
-    }
-}
 
 /// A broker that records when it closes: the real memory broker underneath.
 #[derive(Clone)]

@@ -9,30 +9,15 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::within;
+use common::{Gate, within};
 use ruststream::prelude::*;
 use ruststream::{FRAME_OVERHEAD, MainRuntime};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Item {
     key: u32,
     seq: u32,
-}
-
-/// A gate handlers wait at until the test opens it.
-struct Gate(Semaphore);
-
-impl Gate {
-    const fn new() -> Self {
-        Gate(Semaphore::const_new(0))
-    }
-    async fn pass(&self) {
-        self.0.acquire().await.expect("gate open").forget();
-    }
-    fn open(&self) {
-        self.0.add_permits(Semaphore::MAX_PERMITS / 2);
-    }
 }
 
 /// Waits until `cond` holds, re-checking after every yield; fails loudly

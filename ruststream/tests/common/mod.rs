@@ -6,6 +6,24 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::sync::Semaphore;
+
+/// A gate handlers wait at until the test opens it.
+pub struct Gate(Semaphore);
+
+impl Gate {
+    pub const fn new() -> Self {
+        Gate(Semaphore::const_new(0))
+    }
+
+    pub async fn pass(&self) {
+        self.0.acquire().await.expect("gate open").forget();
+    }
+
+    pub fn open(&self) {
+        self.0.add_permits(Semaphore::MAX_PERMITS / 2);
+    }
+}
 
 /// Waits for `fut`, failing the test loudly after `secs` seconds.
 pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
