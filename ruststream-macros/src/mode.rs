@@ -12,7 +12,8 @@ use syn::spanned::Spanned;
 pub(crate) enum KeyFrom {
     /// The delivery's own key.
     Delivery,
-    /// A function of the decoded body: `fn(&Body) -> impl Hash`.
+    /// A function of the decoded body (and optionally the envelope, for
+    /// headers): `fn(&Body) -> impl Hash` or `fn(&Body, &Envelope) -> impl Hash`.
     Body(syn::Path),
 }
 
@@ -111,8 +112,8 @@ pub(crate) fn key_fn(pool: Option<&Pool>, body_ty: &syn::Type) -> TokenStream {
         Some(KeyFrom::Body(path)) => {
             let span = path.span();
             quote::quote_spanned! {span=>
-                fn key(&self, body: &#body_ty, _envelope: &::ruststream::Envelope) -> u64 {
-                    ::ruststream::__private::key_hash(&#path(body))
+                fn key(&self, body: &#body_ty, envelope: &::ruststream::Envelope) -> u64 {
+                    ::ruststream::__private::KeyFn::key_hash(&#path, body, envelope)
                 }
             }
         }

@@ -64,6 +64,29 @@ impl<S, F: Future> IntoFuture for LocalHandler<S, F> {
     }
 }
 
+/// A `by_key = f` function: `fn(&Body) -> K` or `fn(&Body, &Envelope) -> K`,
+/// `K: Hash`. `M` only tells the two forms apart.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot compute an ordering key",
+    label = "expected `fn(&Body) -> impl Hash` or `fn(&Body, &Envelope) -> impl Hash`"
+)]
+pub trait KeyFn<B, M> {
+    /// The key's hash.
+    fn key_hash(&self, body: &B, envelope: &crate::Envelope) -> u64;
+}
+
+impl<B, K: std::hash::Hash, F: Fn(&B) -> K> KeyFn<B, (K,)> for F {
+    fn key_hash(&self, body: &B, _: &crate::Envelope) -> u64 {
+        key_hash(&self(body))
+    }
+}
+
+impl<B, K: std::hash::Hash, F: Fn(&B, &crate::Envelope) -> K> KeyFn<B, (K, crate::Envelope)> for F {
+    fn key_hash(&self, body: &B, envelope: &crate::Envelope) -> u64 {
+        key_hash(&self(body, envelope))
+    }
+}
+
 /// Requires a handler future to be `Send`, with advice when it is not.
 #[diagnostic::on_unimplemented(
     message = "this handler's future is not `Send`",

@@ -511,3 +511,56 @@ async fn no_lost_wakeup_under_stress_in_any_pooled_mode() {
     }
     running.shutdown().await.unwrap();
 }
+
+// by_key from a header: `fn(&Body, &Envelope) -> impl Hash`.
+
+static H_LAST: Mutex<Option<HashMap<String, u32>>> = Mutex::new(None);
+static H_VIOLATIONS: AtomicU32 = AtomicU32::new(0);
+static H_DONE: AtomicU32 = AtomicU32::new(0);
+static H_ALL: Notify = Notify::const_new();
+const H_N: u32 = 2_000;
+
+fn tenant_header(_body: &Item, env: &ruststream::Envelope) -> String {
+    env.headers().get("tenant").unwrap_or("").to_owned()
+}
+
+#[subscriber("modes.header_key", workers(4, by_key = tenant_header))]
+async fn by_header(item: Item, ctx: Ctx) {
+    let tenant = ctx.headers().get("tenant").unwrap().to_owned();
+    {
+        let mut last = H_LAST.lock().unwrap();
+        let previous = last
+            .get_or_insert_with(HashMap::new)
+            .insert(tenant, item.seq);
+        if previous.is_some_and(|p| p >= item.seq) {
+            H_VIOLATIONS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    tokio::task::yield_now().await;
+    if H_DONE.fetch_add(1, Ordering::SeqCst) + 1 == H_N {
+        H_ALL.notify_one();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt4_by_key_can_read_the_key_from_a_header() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(by_header)
+        .start()
+        .await
+        .unwrap();
+    for seq in 0..H_N {
+        let item = Item { key: 0, seq };
+        let payload = ruststream::serde_json::to_vec(&item).unwrap();
+        let message = Message::new(payload).with_header("tenant", format!("t{}", seq % 13));
+        broker
+            .publish_message("modes.header_key", message, None)
+            .await
+            .unwrap();
+    }
+    within(30, "header-keyed deliveries", H_ALL.notified()).await;
+    running.shutdown().await.unwrap();
+    assert_eq!(H_VIOLATIONS.load(Ordering::SeqCst), 0);
+}
