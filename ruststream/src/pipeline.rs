@@ -7,18 +7,19 @@
 //! [`Unit::invoke_local`] (handler to settlement).
 
 use std::any::Any;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
-
-use futures_util::FutureExt;
+use std::task::{Context, Poll};
 
 use crate::accept::{AcceptLayer, Verdict};
 use crate::app::AppHandle;
 use crate::binding::{Broker, Delivery};
 use crate::exec::stop::Stop;
 use crate::message::header;
-use crate::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
+pub(crate) use crate::subscriber::Outcome;
+use crate::subscriber::{SendSubscriber, Subscriber, SubscriberConfig};
 use crate::tasks::{self, FollowUps};
 use crate::{BoxError, HandlerError, Message, Text, metrics};
 
@@ -35,23 +36,111 @@ pub(crate) struct Unit<B, S> {
     pub(crate) abort: Stop,
 }
 
+/// What [`Unit::check`] decided before the handler.
+pub(crate) enum Checked<B> {
+    /// Decoded: the handler runs.
+    Body(B),
+    /// Settled before the handler, out of line (see [`Unit::settle_early`]).
+    Early(Early),
+}
+
+/// A delivery that never reaches the handler.
+pub(crate) enum Early {
+    /// A `retry_after` a shutdown published early, with the delay it still had.
+    RetryDelay(std::time::Duration),
+    /// An accept layer said skip (ack), retry (nack) or reject.
+    Layer(Verdict),
+    /// The payload did not decode (JQ-13).
+    Malformed(BoxError),
+}
+
+/// Runs one handler future, with panics caught, and its settlement, unless
+/// the shutdown timeout aborts it first (RT-10): an aborted delivery is
+/// dropped unsettled, never acked.
+///
+/// A macro rather than an `async fn` so that a loop can run a delivery inside
+/// its own future instead of moving a whole pipeline future into it for every
+/// delivery; and the handler future borrows the scope, which borrows the
+/// delivery. `$unit` is a `&Unit`; `$handler` is `handle_send` or `handle`.
+macro_rules! invoke {
+    ($unit:expr, $delivery:expr, $handler:ident($body:expr)) => {{
+        let unit = $unit;
+        let delivery = $delivery;
+        // Not started (so not registered anywhere) unless something waits.
+        let mut aborted = ::std::pin::pin!(unit.abort.wait());
+        let scope = $crate::Scope::new($crate::Delivery::envelope(&delivery), &unit.app);
+        let outcome = {
+            let handler = ::std::pin::pin!(unit.subscriber.$handler($body, &scope));
+            $crate::pipeline::or_abort($crate::pipeline::Caught(handler), aborted.as_mut()).await
+        };
+        match outcome {
+            Some(outcome) => match (outcome, scope.into_follow_ups()) {
+                // The common case, settled right here: a plain ack, nothing
+                // to reply, nothing to start after it.
+                ($crate::pipeline::Outcome::Ack(None), None) if !unit.app.has_after_ack() => {
+                    let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
+                    match $crate::pipeline::or_abort(ack, aborted).await {
+                        Some(acked) => unit.settled(acked),
+                        None => unit.aborted(),
+                    }
+                }
+                (outcome, follow_ups) => {
+                    let settle =
+                        ::std::pin::pin!(unit.settle_outcome(delivery, outcome, follow_ups));
+                    if $crate::pipeline::or_abort(settle, aborted).await.is_none() {
+                        unit.aborted();
+                    }
+                }
+            },
+            None => unit.aborted(),
+        }
+    }};
+}
+pub(crate) use invoke;
+
+/// `work`, unless `aborted` resolves first: `work` is polled first, and
+/// `aborted` only while `work` is pending.
+#[inline]
+pub(crate) fn or_abort<'a, F: Future + Unpin + 'a, A: Future<Output = ()>>(
+    mut work: F,
+    mut aborted: Pin<&'a mut A>,
+) -> impl Future<Output = Option<F::Output>> + 'a {
+    poll_fn(move |cx| {
+        if let Poll::Ready(output) = Pin::new(&mut work).poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        aborted.as_mut().poll(cx).map(|()| None)
+    })
+}
+
+/// A handler future with its panics turned into retryable failures.
+pub(crate) struct Caught<'a, F>(pub(crate) Pin<&'a mut F>);
+
+impl<F: Future<Output = Outcome>> Future for Caught<'_, F> {
+    type Output = Outcome;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        let handler = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| handler.poll(cx))) {
+            Ok(poll) => poll,
+            Err(panic) => Poll::Ready(panicked(panic)),
+        }
+    }
+}
+
 impl<B: Broker, S: SendSubscriber> Unit<B, S> {
     /// The whole pipeline for one delivery, as a `Send` future.
     pub(crate) async fn process<D: Delivery>(&self, delivery: D) {
-        if let Some((delivery, body)) = self.prepare(delivery).await {
-            self.invoke_send(delivery, body).await;
+        match self.check(&delivery) {
+            Checked::Body(body) => invoke!(self, delivery, handle_send(body)),
+            Checked::Early(early) => Box::pin(self.settle_early(delivery, early)).await,
         }
     }
 
     /// Handler to settlement, as a `Send` future.
     pub(crate) async fn invoke_send<D: Delivery>(&self, delivery: D, body: S::Body) {
-        self.abortable(async {
-            let scope = Scope::new(delivery.envelope(), &self.app);
-            let outcome = caught(self.subscriber.handle_send(body, &scope)).await;
-            let follow_ups = scope.into_follow_ups();
-            self.settle_outcome(delivery, outcome, follow_ups).await;
-        })
-        .await
+        invoke!(self, delivery, handle_send(body))
     }
 }
 
@@ -59,77 +148,81 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// Accept layers and decode. `None` when the delivery was settled here
     /// (rejected by a layer, or malformed).
     pub(crate) async fn prepare<D: Delivery>(&self, delivery: D) -> Option<(D, S::Body)> {
+        match self.check(&delivery) {
+            Checked::Body(body) => Some((delivery, body)),
+            Checked::Early(early) => {
+                Box::pin(self.settle_early(delivery, early)).await;
+                None
+            }
+        }
+    }
+
+    /// Accept layers and decode, synchronously: settling what stops here is
+    /// left to [`settle_early`](Self::settle_early), out of line.
+    #[inline]
+    pub(crate) fn check<D: Delivery>(&self, delivery: &D) -> Checked<S::Body> {
         let env = delivery.envelope();
         if let Some(delay) = env.retry_delay() {
-            // A `retry_after` a shutdown published early: re-arm its timer
-            // for the delay it still had (RT-10).
-            let env = env.clone();
-            let acked = delivery.ack().await;
-            if acked.is_ok() {
-                tasks::schedule_retry(&self.broker, &self.app, &env, delay);
-            }
-            self.settled(acked);
-            return None;
+            return Checked::Early(Early::RetryDelay(delay));
         }
         for layer in self.layers.iter() {
             match layer.accept(env) {
                 Verdict::Accept => {}
-                Verdict::Skip => {
-                    self.settled(delivery.ack().await);
-                    return None;
-                }
-                Verdict::Retry => {
-                    self.settled(delivery.nack().await);
-                    return None;
-                }
-                Verdict::Reject(reason) => {
-                    metrics::rejected(&self.config.subject);
-                    self.settled(delivery.reject(&reason).await);
-                    return None;
-                }
+                verdict => return Checked::Early(Early::Layer(verdict)),
             }
         }
         match self.subscriber.decode(env.payload()) {
-            Ok(body) => Some((delivery, body)),
-            Err(err) => {
-                self.malformed(delivery, err).await;
-                None
+            Ok(body) => Checked::Body(body),
+            Err(err) => Checked::Early(Early::Malformed(err)),
+        }
+    }
+
+    /// Settles a delivery that stops before the handler.
+    pub(crate) async fn settle_early<D: Delivery>(&self, delivery: D, early: Early) {
+        match early {
+            Early::RetryDelay(delay) => {
+                // A `retry_after` a shutdown published early: re-arm its timer
+                // for the delay it still had (RT-10).
+                let env = delivery.envelope().clone();
+                let acked = delivery.ack().await;
+                if acked.is_ok() {
+                    tasks::schedule_retry(&self.broker, &self.app, &env, delay);
+                }
+                self.settled(acked);
             }
+            Early::Layer(Verdict::Accept) => {
+                unreachable!("an accepted delivery is not settled early")
+            }
+            Early::Layer(Verdict::Skip) => self.settled(delivery.ack().await),
+            Early::Layer(Verdict::Retry) => self.settled(delivery.nack().await),
+            Early::Layer(Verdict::Reject(reason)) => {
+                metrics::rejected(&self.config.subject);
+                self.settled(delivery.reject(&reason).await);
+            }
+            Early::Malformed(err) => self.malformed(delivery, err).await,
         }
     }
 
     /// The whole pipeline on a thread's own runtime: the handler future may
     /// be `!Send` (RT-5).
     pub(crate) async fn process_local<D: Delivery>(&self, delivery: D) {
-        if let Some((delivery, body)) = self.prepare(delivery).await {
-            self.invoke_local(delivery, body).await;
+        match self.check(&delivery) {
+            Checked::Body(body) => invoke!(self, delivery, handle(body)),
+            Checked::Early(early) => Box::pin(self.settle_early(delivery, early)).await,
         }
     }
 
     /// Handler to settlement; the future may be `!Send`.
     pub(crate) async fn invoke_local<D: Delivery>(&self, delivery: D, body: S::Body) {
-        self.abortable(async {
-            let scope = Scope::new(delivery.envelope(), &self.app);
-            let outcome = caught(self.subscriber.handle(body, &scope)).await;
-            let follow_ups = scope.into_follow_ups();
-            self.settle_outcome(delivery, outcome, follow_ups).await;
-        })
-        .await
+        invoke!(self, delivery, handle(body))
     }
 
-    /// Runs `work` unless the shutdown timeout aborts it first (RT-10). An
-    /// aborted handler's delivery is dropped unsettled: never acked.
-    async fn abortable(&self, work: impl Future<Output = ()>) {
-        tokio::select! {
-            biased;
-            () = work => {}
-            () = self.abort.wait() => {
-                tracing::warn!(subject = %self.config.subject, "handler aborted by the shutdown timeout; delivery left unsettled");
-            }
-        }
+    #[cold]
+    pub(crate) fn aborted(&self) {
+        tracing::warn!(subject = %self.config.subject, "handler aborted by the shutdown timeout; delivery left unsettled");
     }
 
-    async fn settle_outcome<D: Delivery>(
+    pub(crate) async fn settle_outcome<D: Delivery>(
         &self,
         delivery: D,
         outcome: Outcome,
@@ -173,7 +266,9 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 if let Some(follow_ups) = follow_ups {
                     follow_ups.settled(false);
                 }
-                self.failed(delivery, err).await;
+                // Out of line: the failure path's futures never inflate the
+                // settlement of a success.
+                Box::pin(self.failed(delivery, err)).await;
             }
         }
     }
@@ -245,7 +340,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         }
     }
 
-    fn settled(&self, result: crate::Result<()>) {
+    pub(crate) fn settled(&self, result: crate::Result<()>) {
         if let Err(err) = result {
             metrics::settle_error(&self.config.subject);
             tracing::warn!(subject = %self.config.subject, error = %err, "settlement failed");
@@ -253,12 +348,9 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     }
 }
 
-/// Runs a handler future, turning a panic into a retryable failure.
-async fn caught(handler: impl Future<Output = Outcome>) -> Outcome {
-    AssertUnwindSafe(handler)
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| Outcome::Failed(HandlerError::panic(panic_message(&*panic))))
+#[cold]
+fn panicked(panic: Box<dyn Any + Send>) -> Outcome {
+    Outcome::Failed(HandlerError::panic(panic_message(&*panic)))
 }
 
 fn error_reply(reason: &str) -> Message {

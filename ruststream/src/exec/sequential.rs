@@ -2,10 +2,37 @@
 //! only after the previous one is settled, so at most one delivery is in
 //! flight and backpressure is simply not polling.
 
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::task::Poll;
+
 use super::stop::Stop;
 use crate::binding::{Broker, Subscription};
-use crate::pipeline::Unit;
+use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::SendSubscriber;
+
+/// The body of [`next`], for loops that take deliveries inline.
+macro_rules! next {
+    ($subscription:expr, $stop:expr) => {{
+        let stop: &Stop = $stop;
+        if stop.is_stopped() {
+            None
+        } else {
+            // By hand rather than `select!`: the subscription first, and the
+            // stop signal (not even started, so not registered, until then)
+            // only while the subscription is pending.
+            let mut delivery = pin!(Subscription::next($subscription));
+            let mut stopped = pin!(stop.wait());
+            poll_fn(|cx| {
+                if let Poll::Ready(delivery) = delivery.as_mut().poll(cx) {
+                    return Poll::Ready(delivery);
+                }
+                stopped.as_mut().poll(cx).map(|()| None)
+            })
+            .await
+        }
+    }};
+}
 
 /// Runs until `stop` or the end of the subscription. A delivery taken before
 /// `stop` is processed and settled before the loop returns.
@@ -14,8 +41,13 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     mut subscription: B::Subscription,
     stop: Stop,
 ) {
-    while let Some(delivery) = next(&mut subscription, &stop).await {
-        unit.process(delivery).await;
+    // `next` and `Unit::process`, spelled out so each delivery is taken and
+    // runs inside this loop's own future rather than in futures moved into it.
+    while let Some(delivery) = next!(&mut subscription, &stop) {
+        match unit.check(&delivery) {
+            Checked::Body(body) => invoke!(&unit, delivery, handle_send(body)),
+            Checked::Early(early) => Box::pin(unit.settle_early(delivery, early)).await,
+        }
     }
 }
 
@@ -27,12 +59,5 @@ pub(crate) async fn next<S: Subscription>(
     subscription: &mut S,
     stop: &Stop,
 ) -> Option<S::Delivery> {
-    if stop.is_stopped() {
-        return None;
-    }
-    tokio::select! {
-        biased;
-        delivery = subscription.next() => delivery,
-        () = stop.wait() => None,
-    }
+    next!(subscription, stop)
 }

@@ -1,6 +1,8 @@
 //! The memory Core's subscription stream and delivery handle.
 
+use std::future::poll_fn;
 use std::sync::{Arc, Weak};
+use std::task::{Poll, ready};
 
 use super::queue::Queue;
 use super::{Connection, Inner};
@@ -25,10 +27,18 @@ impl Subscription for MemorySubscription {
         if self.conn.is_closed() {
             return None;
         }
-        let env = tokio::select! {
-            biased;
-            env = self.queue.pop() => env?,
-            () = self.conn.closed() => return None,
+        // Cooperative budget: a consumer with a backlog still lets the other
+        // tasks of its runtime run. Then the frame at hand, if any; the wait
+        // (with its notifications) only when the queue is empty.
+        let taken = poll_fn(|cx| {
+            let budget = ready!(tokio::task::coop::poll_proceed(cx));
+            budget.made_progress();
+            Poll::Ready(self.queue.try_pop())
+        })
+        .await;
+        let env = match taken {
+            Some(taken) => taken?,
+            None => self.queue.wait_pop(&self.conn).await?,
         };
         Some(MemoryDelivery {
             env: Some(env),
@@ -113,7 +123,7 @@ impl Delivery for MemoryDelivery {
             .with_header(header::ERROR, reason)
             .with_header(header::ATTEMPT, attempt.to_string());
         let deadline = super::Deadline::After(broker.publish_timeout);
-        match broker.publish(dead_letter, message, deadline).await {
+        match broker.publish(None, dead_letter, message, deadline).await {
             Ok(()) => Ok(()),
             Err(err) => {
                 // Losing a rejected message is worse than seeing it again.

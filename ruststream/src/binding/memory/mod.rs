@@ -34,8 +34,11 @@ mod shared;
 mod subject;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -43,7 +46,7 @@ use tokio::time::Instant;
 
 pub use delivery::{MemoryDelivery, MemorySubscription};
 
-use self::queue::Queue;
+use self::queue::{Queue, Refused};
 use self::registry::{Registry, Targets};
 use self::shared::BrokerShared;
 use crate::binding::{Broker, Requester, SubscribeOptions};
@@ -205,7 +208,7 @@ impl MemoryBroker {
 
     fn ensure_open(&self) -> Result<()> {
         if self.conn.is_closed() {
-            return Err(Error::Closed("memory broker connection is closed"));
+            return Err(connection_closed());
         }
         Ok(())
     }
@@ -226,31 +229,56 @@ impl Inner {
         self.registry.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) async fn publish(
-        &self,
-        subject: &str,
+    /// One publish. The common case is synchronous once the cooperative
+    /// budget allows it: the route is looked up and every target queue admits
+    /// the frame under the registry's read lock, with nothing cloned but the
+    /// subject. Only a publish that must wait for space (JQ-19) leaves that
+    /// path, for a boxed future that owns what it needs, so the waiting state
+    /// never inflates the futures of publishes that do not wait.
+    ///
+    /// `conn` is the publishing connection, checked first (a closed one
+    /// refuses); internal publishes (dead-lettering, requests) pass `None`.
+    pub(crate) fn publish<'a, 's>(
+        &'a self,
+        conn: Option<&'a Connection>,
+        subject: &'s str,
         message: Message,
         deadline: Deadline,
-    ) -> Result<()> {
-        if let Some(id) = subject.strip_prefix(self.inbox_prefix.as_str()) {
-            self.complete(id, subject, message);
-            return Ok(());
-        }
-        let targets = self.registry_read().targets(subject);
-        match targets {
-            None => {
-                tracing::trace!(subject, "no subscribers; message dropped");
-                Ok(())
-            }
-            Some(Targets::Shared(route)) => {
-                fan_out(&route.queues, &route.subject, message, deadline).await
-            }
-            Some(Targets::Owned(queues)) => {
-                fan_out(&queues, &Text::from(subject), message, deadline).await
-            }
+    ) -> Publish<'a, 's> {
+        Publish {
+            inner: self,
+            state: PublishState::Start {
+                conn,
+                subject,
+                message,
+                deadline,
+            },
         }
     }
 
+    /// Routes and admits `message` without waiting: `Stalled::Full` at the
+    /// first target queue that has no room (the ones before it keep the
+    /// frame, as with a waiting publish).
+    fn publish_now(&self, subject: &str, message: Message) -> Result<(), Stalled> {
+        let registry = self.registry_read();
+        let targets = match registry.exact(subject) {
+            Ok(Some(route)) => {
+                return push_now(&route.queues, &route.subject, message).map_err(|stall| {
+                    stall.into_stalled(|| Targets::Shared(Arc::clone(route)), &route.subject)
+                });
+            }
+            Ok(None) => None,
+            Err(()) => registry.targets(subject),
+        };
+        drop(registry);
+        let Some(targets) = targets else {
+            tracing::trace!(subject, "no subscribers; message dropped");
+            return Ok(());
+        };
+        let subject = Text::from(subject);
+        push_now(targets.queues(), &subject, message)
+            .map_err(|stall| stall.into_stalled(|| targets, &subject))
+    }
     /// Completion supply (JQ-6): a reply goes straight to its waiting caller.
     /// A reply for a request that already ended is dropped: first terminal wins.
     fn complete(&self, id: &str, subject: &str, message: Message) {
@@ -288,6 +316,181 @@ impl Deadline {
     }
 }
 
+/// The future of one publish ([`Inner::publish`]): a hand-written state
+/// machine, so the path that does not wait is one plain function call per
+/// poll rather than nested `async` state.
+pub(crate) struct Publish<'a, 's> {
+    inner: &'a Inner,
+    state: PublishState<'a, 's>,
+}
+
+enum PublishState<'a, 's> {
+    /// Not admitted yet; `conn` is `None` once checked.
+    Start {
+        conn: Option<&'a Connection>,
+        subject: &'s str,
+        message: Message,
+        deadline: Deadline,
+    },
+    /// Waiting for space (JQ-19), out of line.
+    Waiting(Pin<Box<dyn Future<Output = Result<()>> + Send>>),
+    Done,
+}
+
+impl Future for Publish<'_, '_> {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = &mut *self;
+        let inner = this.inner;
+        match &mut this.state {
+            PublishState::Start { conn, subject, .. } => {
+                if let Some(conn) = conn.take()
+                    && conn.is_closed()
+                {
+                    this.state = PublishState::Done;
+                    return Poll::Ready(Err(connection_closed()));
+                }
+                // Inbox subjects start with `_`: one byte compare on every
+                // publish, the whole prefix only for candidates.
+                if subject.as_bytes().first() == Some(&b'_')
+                    && subject.starts_with(inner.inbox_prefix.as_str())
+                {
+                    let PublishState::Start {
+                        subject, message, ..
+                    } = std::mem::replace(&mut this.state, PublishState::Done)
+                    else {
+                        unreachable!("in the start state")
+                    };
+                    inner.complete(&subject[inner.inbox_prefix.len()..], subject, message);
+                    return Poll::Ready(Ok(()));
+                }
+                // Cooperative budget: a publisher that never has to wait still
+                // lets the other tasks of its runtime run.
+                ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+                let PublishState::Start {
+                    subject,
+                    message,
+                    deadline,
+                    ..
+                } = std::mem::replace(&mut this.state, PublishState::Done)
+                else {
+                    unreachable!("in the start state")
+                };
+                match inner.publish_now(subject, message) {
+                    Ok(()) => return Poll::Ready(Ok(())),
+                    Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
+                    Err(Stalled::Full(waiting)) => {
+                        this.state = PublishState::Waiting(Box::pin(waiting.wait(deadline)));
+                    }
+                }
+            }
+            PublishState::Waiting(_) => {}
+            PublishState::Done => panic!("publish future polled after completion"),
+        }
+        let PublishState::Waiting(waiting) = &mut this.state else {
+            unreachable!("only a waiting publish gets here")
+        };
+        let result = ready!(waiting.as_mut().poll(cx));
+        this.state = PublishState::Done;
+        Poll::Ready(result)
+    }
+}
+
+/// Why a publish could not finish without waiting.
+enum Stalled {
+    /// It failed for good (a target queue is closed).
+    Failed(Error),
+    /// A target queue is full: wait for space there, then go on.
+    Full(Box<Waiting>),
+}
+
+/// A publish that has to wait for space in `targets[at]`; the queues before
+/// `at` already admitted the frame.
+struct Waiting {
+    targets: Targets,
+    subject: Text,
+    at: usize,
+    env: Envelope,
+    /// The message for the queues after `at`, if any.
+    rest: Option<Message>,
+}
+
+impl Waiting {
+    /// JQ-19: wait for space until the deadline, submit once, then publish to
+    /// the remaining queues as usual.
+    async fn wait(self, deadline: Deadline) -> Result<()> {
+        let queues = self.targets.queues();
+        queues[self.at]
+            .wait_push(self.env, || deadline.resolve())
+            .await?;
+        match self.rest {
+            Some(message) => {
+                fan_out(&queues[self.at + 1..], &self.subject, message, deadline).await
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// How `push_now` stopped.
+enum PushStall {
+    Closed,
+    Full {
+        at: usize,
+        env: Envelope,
+        rest: Option<Message>,
+    },
+}
+
+impl PushStall {
+    fn into_stalled(self, targets: impl FnOnce() -> Targets, subject: &Text) -> Stalled {
+        match self {
+            PushStall::Closed => Stalled::Failed(queue_closed()),
+            PushStall::Full { at, env, rest } => Stalled::Full(Box::new(Waiting {
+                targets: targets(),
+                subject: subject.clone(),
+                at,
+                env,
+                rest,
+            })),
+        }
+    }
+}
+
+/// Offers the frame to every queue in order without waiting, stopping at
+/// the first one that refuses it.
+// The refused frame comes back by value: boxing it would allocate on the path
+// that is already under pressure.
+#[allow(clippy::result_large_err)]
+fn push_now(queues: &[Arc<Queue>], subject: &Text, message: Message) -> Result<(), PushStall> {
+    let Some((last, rest)) = queues.split_last() else {
+        return Ok(());
+    };
+    for (at, queue) in rest.iter().enumerate() {
+        match queue.try_push(Envelope::new(subject.clone(), message.clone())) {
+            Ok(()) => {}
+            Err(Refused::Closed) => return Err(PushStall::Closed),
+            Err(Refused::Full(env)) => {
+                return Err(PushStall::Full {
+                    at,
+                    env,
+                    rest: Some(message),
+                });
+            }
+        }
+    }
+    match last.try_push(Envelope::new(subject.clone(), message)) {
+        Ok(()) => Ok(()),
+        Err(Refused::Closed) => Err(PushStall::Closed),
+        Err(Refused::Full(env)) => Err(PushStall::Full {
+            at: rest.len(),
+            env,
+            rest: None,
+        }),
+    }
+}
+
 /// One publish to every target queue. Each queue is independent, as
 /// subscriptions are on NATS: a queue that stays full until the deadline fails
 /// the publish, and queues that already admitted the message keep it.
@@ -311,6 +514,14 @@ async fn fan_out(
         deadline.resolve()
     })
     .await
+}
+
+fn connection_closed() -> Error {
+    Error::Closed("memory broker connection is closed")
+}
+
+fn queue_closed() -> Error {
+    Error::Closed("subscription closed")
 }
 
 impl Broker for MemoryBroker {
@@ -349,18 +560,19 @@ impl Broker for MemoryBroker {
         })
     }
 
-    async fn publish_message(
+    // Not an `async fn`: the publish future itself, with no wrapper around it.
+    fn publish_message(
         &self,
         subject: &str,
         message: Message,
         deadline: Option<Instant>,
-    ) -> Result<()> {
-        self.ensure_open()?;
+    ) -> impl Future<Output = Result<()>> + Send {
         let deadline = match deadline {
             Some(at) => Deadline::At(at),
             None => Deadline::After(self.inner.publish_timeout),
         };
-        self.inner.publish(subject, message, deadline).await
+        self.inner
+            .publish(Some(&self.conn), subject, message, deadline)
     }
 
     /// Closes this connection: its subscriptions end (their queues keep
@@ -414,6 +626,7 @@ impl Requester for MemoryBroker {
         let reply_to = format!("{}{id}", inner.inbox_prefix);
         inner
             .publish(
+                None,
                 subject,
                 message.with_reply_to(reply_to),
                 Deadline::At(deadline),

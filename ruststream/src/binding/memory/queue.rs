@@ -3,14 +3,16 @@
 //! fan-out subscription.
 
 use std::collections::VecDeque;
+use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Poll;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::BrokerShared;
+use super::{BrokerShared, Connection};
 use crate::{Envelope, Error, Result, Text};
 
 /// Why a frame was not admitted.
@@ -114,11 +116,23 @@ impl Queue {
         deadline: impl FnOnce() -> Instant,
     ) -> Result<()> {
         tokio::task::coop::consume_budget().await;
-        let mut env = match self.try_push(env) {
-            Ok(()) => return Ok(()),
-            Err(Refused::Closed) => return Err(Error::Closed("subscription closed")),
-            Err(Refused::Full(env)) => env,
-        };
+        match self.try_push(env) {
+            Ok(()) => Ok(()),
+            Err(Refused::Closed) => Err(super::queue_closed()),
+            // Out of line and boxed: the waiting state (waiter slot, space
+            // notification, timer) never inflates the futures of the publish
+            // path that does not wait.
+            Err(Refused::Full(env)) => Box::pin(self.wait_push(env, deadline)).await,
+        }
+    }
+
+    /// The waiting half of [`push`](Self::push), for a frame `try_push` just
+    /// refused as full.
+    pub(crate) async fn wait_push(
+        &self,
+        mut env: Envelope,
+        deadline: impl FnOnce() -> Instant,
+    ) -> Result<()> {
         let deadline = deadline();
         let Some(_slot) = self.shared.waiter_slot() else {
             crate::metrics::deadline_exceeded("memory");
@@ -131,7 +145,7 @@ impl Queue {
             space.as_mut().enable();
             env = match self.try_push(env) {
                 Ok(()) => return Ok(()),
-                Err(Refused::Closed) => return Err(Error::Closed("subscription closed")),
+                Err(Refused::Closed) => return Err(super::queue_closed()),
                 Err(Refused::Full(env)) => env,
             };
             if tokio::time::timeout_at(deadline, space).await.is_err() {
@@ -160,26 +174,33 @@ impl Queue {
         true
     }
 
-    /// Takes the head frame, waiting for one; `None` once closed and drained.
-    pub(crate) async fn pop(&self) -> Option<Envelope> {
-        // Cooperative budget: a consumer with a backlog still lets the other
-        // tasks of its runtime run.
-        tokio::task::coop::consume_budget().await;
-        if let Some(taken) = self.try_pop() {
-            return taken;
-        }
+    /// Waits for a frame after [`try_pop`](Self::try_pop) found the queue
+    /// empty: `None` once closed and drained, or once `conn` closes while
+    /// waiting. The frame is polled first, then the connection: a frame
+    /// already signalled wins over a close that races it.
+    pub(crate) async fn wait_pop(&self, conn: &Connection) -> Option<Envelope> {
+        let mut closed = pin!(conn.closed());
         loop {
             let mut readable = pin!(self.readable.notified());
             readable.as_mut().enable();
             if let Some(taken) = self.try_pop() {
                 return taken;
             }
-            readable.await;
+            let woken = poll_fn(|cx| {
+                if readable.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(true);
+                }
+                closed.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if !woken {
+                return None;
+            }
         }
     }
 
     /// `Some(Some(frame))`, `Some(None)` when closed, `None` when empty.
-    fn try_pop(&self) -> Option<Option<Envelope>> {
+    pub(crate) fn try_pop(&self) -> Option<Option<Envelope>> {
         let mut state = self.lock();
         if let Some(env) = state.items.pop_front() {
             let len = env.frame_bytes();

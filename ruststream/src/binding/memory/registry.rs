@@ -33,6 +33,15 @@ pub(crate) enum Targets {
     Owned(Vec<Arc<Queue>>),
 }
 
+impl Targets {
+    pub(crate) fn queues(&self) -> &[Arc<Queue>] {
+        match self {
+            Targets::Shared(route) => &route.queues,
+            Targets::Owned(queues) => queues,
+        }
+    }
+}
+
 impl Registry {
     pub(crate) fn group(&self, pattern: &Text, group: &Text) -> Option<Arc<Queue>> {
         self.groups.get(&(pattern.clone(), group.clone())).cloned()
@@ -81,6 +90,17 @@ impl Registry {
                     queues,
                 });
             }
+        }
+    }
+
+    /// The route of `subject` when no wildcard subscription exists, without
+    /// cloning anything: `Err(())` when there are patterns to match (use
+    /// [`targets`](Self::targets)).
+    pub(crate) fn exact(&self, subject: &str) -> Result<Option<&Arc<Route>>, ()> {
+        if self.patterns.is_empty() {
+            Ok(self.exact.get(subject))
+        } else {
+            Err(())
         }
     }
 
