@@ -10,8 +10,12 @@ Marginal instructions per message = (Ir(N=2000) - Ir(N=1000)) / 1000 on the
 current-thread runtime, leaving out building and freeing the payloads: the
 same figure `bench/run.sh --callgrind` prints. Callgrind counts instructions,
 not time, so the figure does not depend on what else the machine is doing.
-A scenario over the limit is measured twice more and judged on the median,
-so a rare scheduling difference in the threaded scenarios cannot fail CI.
+A scenario over the limit is measured twice more and judged on the median.
+
+`consume-threads4` runs real OS threads, which valgrind serializes in an
+order that varies from run to run: its count spreads about +-10% between
+identical runs. It is measured as the median of 7 runs and gated at 15%
+instead of 5%; every other scenario is deterministic to the instruction.
 """
 
 import json
@@ -26,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "bench" / "baseline.json"
 TOLERANCE = 1.05
+# Scenarios whose count depends on OS thread interleaving: (runs, tolerance).
+NOISY = {"consume-threads4": (7, 1.15)}
 SCENARIOS = [
     "consume-json",
     "consume-workers4",
@@ -75,7 +81,12 @@ def total_ir(bin_path: Path, scenario: str, n: int) -> int:
 
 
 def per_message(bin_path: Path, scenario: str) -> int:
-    return (total_ir(bin_path, scenario, 2000) - total_ir(bin_path, scenario, 1000)) // 1000
+    runs = NOISY.get(scenario, (1, TOLERANCE))[0]
+    samples = [
+        (total_ir(bin_path, scenario, 2000) - total_ir(bin_path, scenario, 1000)) // 1000
+        for _ in range(runs)
+    ]
+    return int(statistics.median(samples))
 
 
 def main() -> int:
@@ -86,14 +97,15 @@ def main() -> int:
     failed = []
     print(f"{'scenario':<18} {'instr/msg':>10} {'baseline':>10} {'change':>8}")
     for scenario in SCENARIOS:
+        tolerance = NOISY.get(scenario, (1, TOLERANCE))[1]
         ir = per_message(bin_path, scenario)
         base = baseline["scenarios"].get(scenario)
-        if not update and base and ir > base * TOLERANCE:
+        if not update and base and ir > base * tolerance:
             ir = int(statistics.median([ir, per_message(bin_path, scenario), per_message(bin_path, scenario)]))
         measured[scenario] = ir
         change = f"{(ir / base - 1) * 100:+.1f}%" if base else "new"
         print(f"{scenario:<18} {ir:>10} {base or '-':>10} {change:>8}")
-        if not update and base and ir > base * TOLERANCE:
+        if not update and base and ir > base * tolerance:
             failed.append(scenario)
     raw = measured.get("raw-mpsc")
     if raw:
@@ -110,7 +122,7 @@ def main() -> int:
         print(f"wrote {BASELINE.relative_to(ROOT)}")
         return 0
     if failed:
-        print(f"instructions per message grew more than 5% over bench/baseline.json: {', '.join(failed)}")
+        print(f"instructions per message grew past the tolerance over bench/baseline.json: {', '.join(failed)}")
         print("fix the regression, or update the baseline in a commit that says why")
         return 1
     print("within 5% of bench/baseline.json")
