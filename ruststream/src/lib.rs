@@ -95,6 +95,8 @@ mod book {
     mod memory_broker {}
     #[doc = include_str!("../../book/src/execution-modes.md")]
     mod execution_modes {}
+    #[doc = include_str!("../../book/src/job-queue.md")]
+    mod job_queue {}
 }
 
 /// Re-exported for the prelude's derives and for users' convenience.

@@ -130,14 +130,6 @@ impl<F: Future<Output = Outcome>> Future for Caught<'_, F> {
 }
 
 impl<B: Broker, S: SendSubscriber> Unit<B, S> {
-    /// The whole pipeline for one delivery, as a `Send` future.
-    pub(crate) async fn process<D: Delivery>(&self, delivery: D) {
-        match self.check(&delivery) {
-            Checked::Body(body) => invoke!(self, delivery, handle_send(body)),
-            Checked::Early(early) => Box::pin(self.settle_early(delivery, early)).await,
-        }
-    }
-
     /// Handler to settlement, as a `Send` future.
     pub(crate) async fn invoke_send<D: Delivery>(&self, delivery: D, body: S::Body) {
         invoke!(self, delivery, handle_send(body))
@@ -200,15 +192,6 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 self.settled(delivery.reject(&reason).await);
             }
             Early::Malformed(err) => self.malformed(delivery, err).await,
-        }
-    }
-
-    /// The whole pipeline on a thread's own runtime: the handler future may
-    /// be `!Send` (RT-5).
-    pub(crate) async fn process_local<D: Delivery>(&self, delivery: D) {
-        match self.check(&delivery) {
-            Checked::Body(body) => invoke!(self, delivery, handle(body)),
-            Checked::Early(early) => Box::pin(self.settle_early(delivery, early)).await,
         }
     }
 

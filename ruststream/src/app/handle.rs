@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::Envelope;
 use crate::exec::stop::Stop;
+use crate::ingress::{JobQueue, JobQueueSettings, Pressure};
 
 /// The app's after-ack hook (RT-8).
 pub(crate) type AfterAck =
@@ -33,6 +34,8 @@ struct Inner {
     tracker: TaskTracker,
     state: StateMap,
     after_ack: Option<AfterAck>,
+    /// The app's job queue: one permit pool for every subscription (JQ-2).
+    jobs: Arc<JobQueue>,
     /// Asks pending `retry_after` timers to publish at once (RT-10).
     flush_retries: Stop,
     /// Asks the app to shut down (fail-fast, `RunningApp::shutdown`).
@@ -50,17 +53,32 @@ impl std::fmt::Debug for AppHandle {
 
 impl AppHandle {
     /// The app on the current Tokio runtime, with its shared state.
-    pub(crate) fn new(state: StateMap, after_ack: Option<AfterAck>) -> Self {
-        AppHandle {
+    pub(crate) fn new(
+        state: StateMap,
+        after_ack: Option<AfterAck>,
+        jobs: &JobQueueSettings,
+    ) -> crate::Result<Self> {
+        Ok(AppHandle {
             inner: Arc::new(Inner {
                 runtime: Handle::current(),
                 tracker: TaskTracker::new(),
                 state,
                 after_ack,
+                jobs: JobQueue::new(jobs)?,
                 flush_retries: Stop::default(),
                 shutdown: Stop::default(),
             }),
-        }
+        })
+    }
+
+    /// The job queue.
+    pub(crate) fn jobs(&self) -> &Arc<JobQueue> {
+        &self.inner.jobs
+    }
+
+    /// Job-queue pressure: state, permits in use, pauses (JQ-14).
+    pub fn pressure(&self) -> Pressure {
+        self.inner.jobs.pressure()
     }
 
     /// The shared state of type `T` registered with

@@ -22,6 +22,7 @@ use self::register::{ErasedBroker, StartUnit};
 use self::running::Parts;
 use crate::accept::AcceptLayer;
 use crate::binding::Broker;
+use crate::ingress::JobQueueSettings;
 use crate::{BoxError, Error, Result};
 
 /// Type of an [`App`] before its first broker is registered.
@@ -63,6 +64,7 @@ pub struct App<B = NoBroker> {
     hooks: Hooks,
     state: StateMap,
     after_ack: Option<AfterAck>,
+    jobs: JobQueueSettings,
     shutdown_timeout: Option<Duration>,
 }
 
@@ -77,6 +79,7 @@ impl App<NoBroker> {
             hooks: Hooks::default(),
             state: StateMap::new(),
             after_ack: None,
+            jobs: JobQueueSettings::default(),
             shutdown_timeout: None,
         }
     }
@@ -102,8 +105,27 @@ impl<B> App<B> {
             hooks: self.hooks,
             state: self.state,
             after_ack: self.after_ack,
+            jobs: self.jobs,
             shutdown_timeout: self.shutdown_timeout,
         }
+    }
+
+    /// Sizes the application job queue (JQ-3): one permit per record taken
+    /// from a broker and not yet started by its handler, shared by every
+    /// subscription. Invalid settings are a startup error.
+    ///
+    /// ```
+    /// use ruststream::{App, MemoryBroker};
+    /// use ruststream::ingress::{JobQueueProfile, JobQueueSettings};
+    ///
+    /// let app = App::new()
+    ///     .broker(MemoryBroker::new())
+    ///     .job_queue(JobQueueSettings::profile(JobQueueProfile::Small).max_queued_jobs(64));
+    /// # drop(app);
+    /// ```
+    pub fn job_queue(mut self, settings: JobQueueSettings) -> Self {
+        self.jobs = settings;
+        self
     }
 
     /// Runs `hook` after every acked delivery of every subscriber, as a task
@@ -236,7 +258,7 @@ impl<B: Broker> App<B> {
             units: self.units,
             layers: self.layers.into(),
             hooks: self.hooks,
-            app: AppHandle::new(self.state, self.after_ack),
+            app: AppHandle::new(self.state, self.after_ack, &self.jobs)?,
             shutdown_timeout: self.shutdown_timeout,
         })
         .await

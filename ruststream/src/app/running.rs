@@ -119,6 +119,12 @@ impl RunningApp {
         Ok(running)
     }
 
+    /// Job-queue pressure: state, permits in use, max, pause count and time
+    /// paused (JQ-14).
+    pub fn pressure(&self) -> crate::ingress::Pressure {
+        self.app.pressure()
+    }
+
     /// The app as handlers see it: shared state, shutdown requests.
     pub fn handle(&self) -> &AppHandle {
         &self.app

@@ -14,12 +14,14 @@ use super::owners::{OwnerLimits, OwnerSet};
 use super::sequential::next;
 use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
+use crate::ingress::JobPermit;
 use crate::pipeline::Unit;
 use crate::subscriber::{SendSubscriber, Subscriber};
 
 type Item<B, S> = (
     <<B as Broker>::Subscription as Subscription>::Delivery,
     <S as Subscriber>::Body,
+    JobPermit,
 );
 
 pub(crate) async fn run<B: Broker, S: SendSubscriber>(
@@ -28,6 +30,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     stop: Stop,
     n: usize,
 ) {
+    let jobs = Arc::clone(unit.app.jobs());
     let max_pending = unit.config.pending_limit(n);
     let owners: Arc<OwnerSet<Item<B, S>>> = Arc::new(OwnerSet::new(OwnerLimits {
         max_count: max_pending,
@@ -40,7 +43,9 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             let owners = Arc::clone(&owners);
             tokio::spawn(async move {
                 while let Some(turn) = owners.next_turn().await {
-                    let (delivery, body) = turn.item;
+                    let (delivery, body, permit) = turn.item;
+                    // JQ-4 step 5: the permit returns right before the handler.
+                    drop(permit);
                     unit.invoke_send(delivery, body).await;
                     owners.finish(turn.owner, turn.bytes);
                 }
@@ -60,17 +65,27 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         if !has_room {
             break;
         }
+        // Permit before receive (JQ-4); it travels with the delivery into
+        // the owner FIFO.
+        let Some(permit) = super::permit(&jobs, &stop).await else {
+            break;
+        };
         let Some(delivery) = next(&mut subscription, &stop).await else {
             break;
         };
         let Some((delivery, body)) = unit.prepare(delivery).await else {
+            // Malformed or settled by a layer: its permit returns now.
             continue;
         };
         let key = unit.subscriber.key(&body, delivery.envelope());
         let bytes = delivery.envelope().frame_bytes();
         // The capacity checked above is ours alone (one producer), so this
         // admits at once; it waits only if a per-owner limit is lower.
-        if owners.admit(key, (delivery, body), bytes).await.is_err() {
+        if owners
+            .admit(key, (delivery, body, permit), bytes)
+            .await
+            .is_err()
+        {
             break;
         }
     }

@@ -16,6 +16,24 @@ pub(crate) mod threads;
 pub(crate) mod workers;
 
 use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+
+use crate::ingress::{JobPermit, JobQueue};
+use stop::Stop;
+
+/// JQ-4 step 1: a job permit before the next record is taken from the
+/// binding, unless `stop` comes first. The oldest waiting source is served
+/// first (JQ-7); a cancelled wait takes nothing (JQ-11).
+pub(crate) async fn permit(jobs: &Arc<JobQueue>, stop: &Stop) -> Option<JobPermit> {
+    if let Some(permit) = jobs.try_acquire() {
+        return Some(permit);
+    }
+    tokio::select! {
+        biased;
+        permit = jobs.acquire() => Some(permit),
+        () = stop.wait() => None,
+    }
+}
 
 /// Hash of an ordering key. Equal keys always hash alike, so they always meet
 /// the same owner; different keys that collide only share an owner (less

@@ -4,6 +4,7 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
+use std::sync::Arc;
 use std::task::Poll;
 
 use super::stop::Stop;
@@ -43,10 +44,21 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
 ) {
     // `next` and `Unit::process`, spelled out so each delivery is taken and
     // runs inside this loop's own future rather than in futures moved into it.
-    while let Some(delivery) = next!(&mut subscription, &stop) {
+    let jobs = Arc::clone(unit.app.jobs());
+    while let Some(permit) = super::permit(&jobs, &stop).await {
+        let Some(delivery) = next!(&mut subscription, &stop) else {
+            break;
+        };
         match unit.check(&delivery) {
-            Checked::Body(body) => invoke!(&unit, delivery, handle_send(body)),
-            Checked::Early(early) => Box::pin(unit.settle_early(delivery, early)).await,
+            Checked::Body(body) => {
+                // JQ-4 step 5: the permit returns right before the handler.
+                drop(permit);
+                invoke!(&unit, delivery, handle_send(body));
+            }
+            Checked::Early(early) => {
+                Box::pin(unit.settle_early(delivery, early)).await;
+                drop(permit);
+            }
         }
     }
 }

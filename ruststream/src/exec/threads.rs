@@ -22,14 +22,16 @@ use super::sequential::next;
 use super::slot;
 use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
+use crate::ingress::JobPermit;
 use crate::pipeline::Unit;
 use crate::subscriber::Subscriber;
 
 /// What a thread is handed: a raw delivery, or one the feeder already decoded
 /// (by-key routing).
+/// Each carries the job permit taken before its receive (JQ-4).
 enum Job<D, Body> {
-    Raw(D),
-    Decoded(D, Body),
+    Raw(D, JobPermit),
+    Decoded(D, Body, JobPermit),
 }
 
 type JobOf<B, S> =
@@ -126,6 +128,7 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
         }
     }
 
+    let jobs = Arc::clone(unit.app.jobs());
     let closer = CloseOnDrop(&rings.rings);
     let mut cursor = 0;
     // One stop waiter for the whole loop: registered once, not per wait.
@@ -136,6 +139,9 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
             target = rings.wait_space(by_key, &mut cursor) => target,
             () = &mut stopped => break,
         };
+        let Some(permit) = super::permit(&jobs, &stop).await else {
+            break;
+        };
         let Some(delivery) = next(&mut subscription, &stop).await else {
             break;
         };
@@ -144,9 +150,9 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
                 continue;
             };
             let key = unit.subscriber.key(&body, delivery.envelope());
-            rings.rings[slot(key, n)].push(Job::Decoded(delivery, body));
+            rings.rings[slot(key, n)].push(Job::Decoded(delivery, body, permit));
         } else {
-            rings.rings[target].push(Job::Raw(delivery));
+            rings.rings[target].push(Job::Raw(delivery, permit));
         }
     }
     // Threads drain their rings (deliveries in hand are processed and
@@ -164,9 +170,19 @@ async fn thread_loop<B: Broker, S: Subscriber>(
 ) {
     let ring = &rings.rings[index];
     while let Some(job) = ring.pop(|| rings.freed()).await {
+        // JQ-4 step 5: the permit returns right before the handler (or after
+        // a malformed record's bounded processing).
         match job {
-            Job::Raw(delivery) => unit.process_local(delivery).await,
-            Job::Decoded(delivery, body) => unit.invoke_local(delivery, body).await,
+            Job::Raw(delivery, permit) => {
+                if let Some((delivery, body)) = unit.prepare(delivery).await {
+                    drop(permit);
+                    unit.invoke_local(delivery, body).await;
+                }
+            }
+            Job::Decoded(delivery, body, permit) => {
+                drop(permit);
+                unit.invoke_local(delivery, body).await;
+            }
         }
     }
 }

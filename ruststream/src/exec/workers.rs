@@ -15,7 +15,7 @@ use std::task::{Context, Poll, Waker};
 use super::sequential::next;
 use super::stop::Stop;
 use crate::binding::Broker;
-use crate::pipeline::Unit;
+use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::SendSubscriber;
 
 pub(crate) async fn run<B: Broker, S: SendSubscriber>(
@@ -24,6 +24,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     stop: Stop,
     n: usize,
 ) {
+    let jobs = Arc::clone(unit.app.jobs());
     let pool = Arc::new(Pool::new(n));
     // Closes the mailboxes however the loop ends (also when it is aborted):
     // workers finish the delivery in hand, see the close and stop.
@@ -34,8 +35,18 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         let pool = Arc::clone(&pool);
         workers.push(tokio::spawn(async move {
             let _alive = Alive(&pool);
-            while let Some(delivery) = pool.recv(id).await {
-                unit.process(delivery).await;
+            while let Some((delivery, permit)) = pool.recv(id).await {
+                match unit.check(&delivery) {
+                    Checked::Body(body) => {
+                        // JQ-4 step 5: the permit returns right before the handler.
+                        drop(permit);
+                        invoke!(&*unit, delivery, handle_send(body));
+                    }
+                    Checked::Early(early) => {
+                        Box::pin(unit.settle_early(delivery, early)).await;
+                        drop(permit);
+                    }
+                }
             }
         }));
     }
@@ -47,10 +58,14 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         let Some(id) = pool.idle().await else {
             break;
         };
+        // Permit before receive (JQ-4); it travels with the delivery.
+        let Some(permit) = super::permit(&jobs, &stop).await else {
+            break;
+        };
         let Some(delivery) = next(&mut subscription, &stop).await else {
             break;
         };
-        pool.hand(id, delivery);
+        pool.hand(id, (delivery, permit));
     }
     drop(closer);
     for worker in workers {

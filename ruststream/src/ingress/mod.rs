@@ -13,12 +13,12 @@
 //! The Core's byte HWM is a separate authority (JQ-1): nothing here reads or
 //! sizes it.
 //!
-//! Status: the permit pool and the pressure state machine are complete and
-//! tested on their own. Taking a permit before every receive in the
-//! subscriber loops, the memory Core's remote-pause switch and fair
-//! multi-source receive (JQ-12) are not wired yet; until then an app's
-//! read-ahead is bounded per subscriber by its execution mode (see the
-//! "Execution modes" chapter).
+//! Every subscriber loop takes a permit before it takes a record from its
+//! binding; the permit travels with the record (worker mailbox, owner FIFO,
+//! thread ring) and returns right before the handler body starts, or after
+//! a malformed or rejected record's bounded processing (JQ-4). Not wired yet:
+//! the memory Core's remote-pause switch (sources register no
+//! [`ReceiveFlow`] so far) and fair multi-source receive (JQ-12).
 
 mod permits;
 mod pressure;
