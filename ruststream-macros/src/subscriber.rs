@@ -312,13 +312,13 @@ fn generate(
         options.workers.as_ref().or(options.threads.as_ref()),
         body_ty,
     );
-    // `threads(n)` handlers may be `!Send`: they get the local wrapper and no
+    // `threads(n)` handlers may be `!Send`: they get the `Local` marker and no
     // `SendSubscriber` impl; every other mode requires a `Send` future.
     let local = options.threads.is_some();
-    let wrapper = if local {
-        quote!(::ruststream::__private::LocalHandler)
+    let kind = if local {
+        quote!(::ruststream::__private::Local)
     } else {
-        quote!(::ruststream::__private::Handler)
+        quote!(::ruststream::__private::Pooled)
     };
     let send_impl = if local {
         TokenStream::new()
@@ -362,11 +362,12 @@ fn generate(
 
     quote! {
         #(#attrs)*
-        #vis fn #name(#(#params),*) -> #wrapper<
+        #vis fn #name(#(#params),*) -> ::ruststream::__private::Handler<
             #name,
             impl ::core::future::Future<Output = #output>,
+            #kind,
         > {
-            #wrapper::new(#asyncness {
+            ::ruststream::__private::Handler::new(#asyncness {
                 #(#rebinds)*
                 #block
             })

@@ -12,15 +12,23 @@ pub use crate::{__outcome as outcome, Ctx, HandlerError, SubscriberConfig};
 use crate::{BoxError, Codec};
 
 /// What a `#[subscriber]` function returns: its future, tagged with the
-/// companion type that carries the subscriber's configuration. `.await` it as
-/// the plain future it wraps.
+/// companion type that carries the subscriber's configuration, and with the
+/// way it runs — [`Pooled`] (every mode; the future must be `Send`) or
+/// [`Local`] (`threads(n)`; it may be `!Send`). `.await` it as the plain
+/// future it wraps.
 #[must_use = "a handler does nothing unless awaited"]
-pub struct Handler<S, F> {
+pub struct Handler<S, F, M = Pooled> {
     future: F,
-    _subscriber: PhantomData<fn() -> S>,
+    _subscriber: PhantomData<fn() -> (S, M)>,
 }
 
-impl<S, F> Handler<S, F> {
+/// [`Handler`] marker: runs in any mode.
+pub enum Pooled {}
+
+/// [`Handler`] marker: runs on dedicated threads only.
+pub enum Local {}
+
+impl<S, F, M> Handler<S, F, M> {
     /// Wraps the handler body's future.
     pub fn new(future: F) -> Self {
         Handler {
@@ -30,33 +38,7 @@ impl<S, F> Handler<S, F> {
     }
 }
 
-impl<S, F: Future> IntoFuture for Handler<S, F> {
-    type Output = F::Output;
-    type IntoFuture = F;
-    fn into_future(self) -> F {
-        self.future
-    }
-}
-
-/// What a `#[subscriber(..., threads(n))]` function returns: like [`Handler`],
-/// for handlers that run on dedicated threads and may be `!Send`.
-#[must_use = "a handler does nothing unless awaited"]
-pub struct LocalHandler<S, F> {
-    future: F,
-    _subscriber: PhantomData<fn() -> S>,
-}
-
-impl<S, F> LocalHandler<S, F> {
-    /// Wraps the handler body's future.
-    pub fn new(future: F) -> Self {
-        LocalHandler {
-            future,
-            _subscriber: PhantomData,
-        }
-    }
-}
-
-impl<S, F: Future> IntoFuture for LocalHandler<S, F> {
+impl<S, F: Future, M> IntoFuture for Handler<S, F, M> {
     type Output = F::Output;
     type IntoFuture = F;
     fn into_future(self) -> F {

@@ -180,7 +180,7 @@ macro_rules! handler_fn {
     ($($arg:ident),+) => {
         impl<F, S, Fut, $($arg),+> IntoSubscriber<(Direct, fn($($arg),+))> for F
         where
-            F: Fn($($arg),+) -> crate::__private::Handler<S, Fut>,
+            F: Fn($($arg),+) -> crate::__private::Handler<S, Fut, crate::__private::Pooled>,
             S: SendSubscriber + Default,
         {
             fn into_unit<B: Broker>(self, broker: B) -> BoundSubscriber {
@@ -190,7 +190,7 @@ macro_rules! handler_fn {
 
         impl<F, S, Fut, $($arg),+> IntoSubscriber<(Local, fn($($arg),+))> for F
         where
-            F: Fn($($arg),+) -> crate::__private::LocalHandler<S, Fut>,
+            F: Fn($($arg),+) -> crate::__private::Handler<S, Fut, crate::__private::Local>,
             S: Subscriber + Default,
         {
             fn into_unit<B: Broker>(self, broker: B) -> BoundSubscriber {
