@@ -32,15 +32,6 @@ BASELINE = ROOT / "bench" / "baseline.json"
 TOLERANCE = 1.05
 # Scenarios whose count depends on OS thread interleaving: (runs, tolerance).
 NOISY = {"consume-threads4": (7, 1.15)}
-SCENARIOS = [
-    "consume-json",
-    "consume-workers4",
-    "consume-bykey4",
-    "consume-threads4",
-    "request-reply",
-    "publish-only",
-    "raw-mpsc",
-]
 
 
 def binary() -> Path:
@@ -92,11 +83,14 @@ def per_message(bin_path: Path, scenario: str) -> int:
 def main() -> int:
     update = "--update" in sys.argv[1:]
     bin_path = binary()
+    scenarios = subprocess.run(
+        [str(bin_path), "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
     baseline = json.loads(BASELINE.read_text()) if BASELINE.exists() else {"scenarios": {}}
     measured = {}
     failed = []
     print(f"{'scenario':<18} {'instr/msg':>10} {'baseline':>10} {'change':>8}")
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         tolerance = NOISY.get(scenario, (1, TOLERANCE))[1]
         ir = per_message(bin_path, scenario)
         base = baseline["scenarios"].get(scenario)
@@ -110,7 +104,7 @@ def main() -> int:
     raw = measured.get("raw-mpsc")
     if raw:
         print("framework cost (scenario - raw-mpsc): " + ", ".join(
-            f"{s} {measured[s] - raw:+d}" for s in SCENARIOS if s not in ("raw-mpsc", "request-reply")
+            f"{s} {measured[s] - raw:+d}" for s in scenarios if s not in ("raw-mpsc", "request-reply")
         ))
     if update:
         rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout.strip()

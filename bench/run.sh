@@ -25,7 +25,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cargo build --release -p ruststream-bench --manifest-path "$root/Cargo.toml" >&2
 bin=${CARGO_TARGET_DIR:-$root/target}/release/ruststream-bench
 
-scenarios=(consume-json consume-workers4 consume-bykey4 consume-threads4 request-reply publish-only raw-mpsc)
+mapfile -t scenarios < <("$bin" --list)
 n=200000
 rounds=5
 

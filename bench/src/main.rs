@@ -5,6 +5,9 @@
 //! scenario=<name> msgs=<N> secs=<t> msgs_per_s=<r>[ allocs_per_msg=<x>]
 //! ```
 //!
+//! `ruststream-bench --list` prints the scenario names, one per line (the
+//! scripts read them from here).
+//!
 //! Environment:
 //! * `RUSTSTREAM_BENCH_RT`: `multi` (default; multi-thread runtime, 2 worker
 //!   threads) or `current` (current-thread runtime, for deterministic
@@ -25,6 +28,12 @@ static GLOBAL: alloc::Counting = alloc::Counting;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args == ["--list"] {
+        for name in scenarios::NAMES {
+            println!("{name}");
+        }
+        return ExitCode::SUCCESS;
+    }
     let (scenario, n) = match args.as_slice() {
         [scenario, n] if scenarios::NAMES.contains(&scenario.as_str()) => match n.parse::<u64>() {
             Ok(n) if n > 0 => (scenario.as_str(), n),
