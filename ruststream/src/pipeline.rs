@@ -3,8 +3,9 @@
 //! handler errors and panics end in `nack` until `max_attempts`, then `reject`.
 //!
 //! The steps are split so execution modes can run them where they belong:
-//! [`Unit::prepare`] (layers and decode) and [`Unit::invoke_send`] /
-//! [`Unit::invoke_local`] (handler to settlement).
+//! [`Unit::check`] (layers and decode, synchronous) or [`Unit::prepare`] (the
+//! same, settling early exits), then `invoke!` / [`Unit::invoke_local`]
+//! (handler to settlement).
 
 use std::any::Any;
 use std::future::{Future, poll_fn};
@@ -19,7 +20,7 @@ use crate::binding::{Broker, Delivery};
 use crate::exec::stop::Stop;
 use crate::message::header;
 pub(crate) use crate::subscriber::Outcome;
-use crate::subscriber::{SendSubscriber, Subscriber, SubscriberConfig};
+use crate::subscriber::{Subscriber, SubscriberConfig};
 use crate::tasks::{self, FollowUps};
 use crate::{BoxError, HandlerError, Message, Text, metrics};
 
@@ -126,13 +127,6 @@ impl<F: Future<Output = Outcome>> Future for Caught<'_, F> {
             Ok(poll) => poll,
             Err(panic) => Poll::Ready(panicked(panic)),
         }
-    }
-}
-
-impl<B: Broker, S: SendSubscriber> Unit<B, S> {
-    /// Handler to settlement, as a `Send` future.
-    pub(crate) async fn invoke_send<D: Delivery>(&self, delivery: D, body: S::Body) {
-        invoke!(self, delivery, handle_send(body))
     }
 }
 

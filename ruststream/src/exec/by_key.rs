@@ -15,7 +15,7 @@ use super::sequential::next;
 use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
 use crate::ingress::JobPermit;
-use crate::pipeline::Unit;
+use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::{SendSubscriber, Subscriber};
 
 type Item<B, S> = (
@@ -46,7 +46,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                     let (delivery, body, permit) = turn.item;
                     // JQ-4 step 5: the permit returns right before the handler.
                     drop(permit);
-                    unit.invoke_send(delivery, body).await;
+                    invoke!(&*unit, delivery, handle_send(body));
                     owners.finish(turn.owner, turn.bytes);
                 }
             })
@@ -73,9 +73,13 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         let Some(delivery) = next(&mut subscription, &stop).await else {
             break;
         };
-        let Some((delivery, body)) = unit.prepare(delivery).await else {
-            // Malformed or settled by a layer: its permit returns now.
-            continue;
+        let body = match unit.check(&delivery) {
+            Checked::Body(body) => body,
+            Checked::Early(early) => {
+                // Malformed or settled by a layer: its permit returns after.
+                Box::pin(unit.settle_early(delivery, early)).await;
+                continue;
+            }
         };
         let key = unit.subscriber.key(&body, delivery.envelope());
         let bytes = delivery.envelope().frame_bytes();
