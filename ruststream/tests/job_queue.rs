@@ -7,24 +7,11 @@ mod common;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{Gate, within};
+use common::{Gate, frame, until, within};
+use ruststream::Error;
 use ruststream::ingress::JobQueueSettings;
 use ruststream::prelude::*;
-use ruststream::{Error, FRAME_OVERHEAD};
 use tokio::sync::Notify;
-
-fn frame(payload: usize) -> usize {
-    payload + FRAME_OVERHEAD
-}
-
-async fn until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    within(secs, what, async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-}
 
 static IDLE_HANDLED: Notify = Notify::const_new();
 static WAITING_HANDLED: Notify = Notify::const_new();

@@ -6,20 +6,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::within;
+use common::{frame, within};
 use ruststream::{
-    Broker, CoreHwm, Delivery, Error, FRAME_OVERHEAD, MemoryBroker, Message, Requester,
-    SubscribeOptions, Subscription, header,
+    Broker, CoreHwm, Delivery, Error, MemoryBroker, Message, Requester, SubscribeOptions,
+    Subscription, header,
 };
 use tokio::time::Instant;
 
 fn payload(n: usize) -> Message {
     Message::new(vec![b'x'; n])
-}
-
-/// Bytes a queued frame with an `n`-byte payload and no headers owns.
-fn frame(n: usize) -> usize {
-    n + FRAME_OVERHEAD
 }
 
 /// Gives every other task on this current-thread runtime a chance to run

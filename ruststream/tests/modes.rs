@@ -9,30 +9,15 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Gate, within};
+use common::{Gate, frame, until, within};
+use ruststream::MainRuntime;
 use ruststream::prelude::*;
-use ruststream::{FRAME_OVERHEAD, MainRuntime};
 use tokio::sync::Notify;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Item {
     key: u32,
     seq: u32,
-}
-
-/// Waits until `cond` holds, re-checking after every yield; fails loudly
-/// after `secs`.
-async fn until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    within(secs, what, async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-}
-
-fn frame(payload: usize) -> usize {
-    payload + FRAME_OVERHEAD
 }
 
 // ---------------------------------------------------------------------------

@@ -25,6 +25,22 @@ impl Gate {
     }
 }
 
+/// Bytes a queued frame with a `payload`-byte payload and no headers owns.
+pub fn frame(payload: usize) -> usize {
+    payload + ruststream::FRAME_OVERHEAD
+}
+
+/// Waits until `cond` holds, re-checking every millisecond; fails loudly
+/// after `secs`.
+pub async fn until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    within(secs, what, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+}
+
 /// Waits for `fut`, failing the test loudly after `secs` seconds.
 pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
     match tokio::time::timeout(Duration::from_secs(secs), fut).await {
