@@ -19,7 +19,9 @@ const VALID: &[&str] = &[
     "workers",
     "threads",
     "max_pending",
+    "max_pending_per_key",
     "fail_fast",
+    "receive_flow",
 ];
 
 #[derive(Default, FromMeta)]
@@ -31,7 +33,9 @@ struct SubscriberArgs {
     workers: Option<Pool>,
     threads: Option<Pool>,
     max_pending: Option<SpannedValue<usize>>,
+    max_pending_per_key: Option<SpannedValue<usize>>,
     fail_fast: darling::util::Flag,
+    receive_flow: Option<bool>,
 }
 
 struct Args {
@@ -305,8 +309,15 @@ fn generate(
         let n = **n;
         config.extend(quote!(.max_pending(#n)));
     }
+    if let Some(n) = &options.max_pending_per_key {
+        let n = **n;
+        config.extend(quote!(.max_pending_per_key(#n)));
+    }
     if options.fail_fast.is_present() {
         config.extend(quote!(.fail_fast(true)));
+    }
+    if let Some(on) = options.receive_flow {
+        config.extend(quote!(.receive_flow(#on)));
     }
     let key_fn = mode::key_fn(
         options.workers.as_ref().or(options.threads.as_ref()),

@@ -12,6 +12,10 @@
 //! | `ruststream_pressure_transitions_total` | counter | `to` | RUNNING/PAUSED transitions of the job queue (JQ-14) |
 //! | `ruststream_pressure_paused` | gauge | | 1 while the job queue is PAUSED |
 //! | `ruststream_aborted_total` | counter | | handlers aborted by the shutdown timeout (their deliveries stay unsettled) |
+//! | `ruststream_jobs_in_use` | gauge | | job permits in use: reserved by a receive loop or travelling with a queued job (JQ-2) |
+//! | `ruststream_job_waiters` | gauge | | receive loops waiting for a job permit: the shared-cap wait (JQ-5) |
+//! | `ruststream_pressure_paused_seconds` | gauge | | total time the job queue has spent PAUSED |
+//! | `ruststream_structural_rejects_total` | counter | `subject` | requests an owner FIFO refused at its count or byte limit (`Error::StructuralLimit`, JQ-21) |
 
 use crate::Text;
 
@@ -35,6 +39,31 @@ pub(crate) fn pressure_transition(paused: bool) {
     let to = if paused { "paused" } else { "running" };
     metrics::counter!(PRESSURE_TRANSITIONS, "to" => to).increment(1);
     metrics::gauge!(PRESSURE_PAUSED).set(if paused { 1.0 } else { 0.0 });
+}
+
+/// Job permits in use (JQ-2).
+pub const JOBS_IN_USE: &str = "ruststream_jobs_in_use";
+/// Receive loops waiting for a job permit (JQ-5).
+pub const JOB_WAITERS: &str = "ruststream_job_waiters";
+/// Total seconds the job queue has been PAUSED.
+pub const PRESSURE_PAUSED_SECONDS: &str = "ruststream_pressure_paused_seconds";
+/// Requests refused by an owner FIFO's structural limit (JQ-21).
+pub const STRUCTURAL_REJECTS: &str = "ruststream_structural_rejects_total";
+
+pub(crate) fn jobs_in_use(in_use: usize) {
+    metrics::gauge!(JOBS_IN_USE).set(in_use as f64);
+}
+
+pub(crate) fn job_waiters(waiters: usize) {
+    metrics::gauge!(JOB_WAITERS).set(waiters as f64);
+}
+
+pub(crate) fn paused_seconds(total: std::time::Duration) {
+    metrics::gauge!(PRESSURE_PAUSED_SECONDS).set(total.as_secs_f64());
+}
+
+pub(crate) fn structural_reject(subject: &Text) {
+    metrics::counter!(STRUCTURAL_REJECTS, "subject" => subject.to_string()).increment(1);
 }
 
 /// `retry_after` republishes that failed.

@@ -268,6 +268,17 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         self.settled(delivery.reject(&reason).await);
     }
 
+    /// A request its owner FIFO refused (JQ-10, JQ-21): the caller gets
+    /// `Error::StructuralLimit` at once, and the delivery is settled — the
+    /// refusal is its outcome, told to the one caller that can act on it.
+    pub(crate) async fn refuse<D: Delivery>(&self, delivery: D, err: crate::Error) {
+        metrics::structural_reject(&self.config.subject);
+        tracing::warn!(subject = %self.config.subject, error = %err, "request refused by a structural limit");
+        self.reply(&delivery, error_reply(&err.to_string()), "structural-limit")
+            .await;
+        self.settled(delivery.ack().await);
+    }
+
     /// A failed handler: redeliver while attempts remain and the error allows
     /// it, else reject (never an endless redelivery loop).
     async fn failed<D: Delivery>(&self, delivery: D, err: HandlerError) {

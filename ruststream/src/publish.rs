@@ -81,6 +81,7 @@ pub fn reply_result(reply: Envelope) -> Result<Envelope> {
     match reply.headers().get(header::STATUS) {
         Some("protocol-error") => Err(Error::Protocol(error())),
         Some("handler-error") => Err(Error::Handler(error())),
+        Some("structural-limit") => Err(Error::StructuralLimit(error())),
         _ => Ok(reply),
     }
 }

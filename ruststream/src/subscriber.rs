@@ -33,7 +33,9 @@ pub struct SubscriberConfig {
     pub(crate) max_attempts: u32,
     pub(crate) mode: Mode,
     pub(crate) max_pending: Option<usize>,
+    pub(crate) max_pending_per_key: Option<usize>,
     pub(crate) fail_fast: bool,
+    pub(crate) receive_flow: Option<bool>,
 }
 
 /// How a subscriber's deliveries are scheduled (RT-2 … RT-5).
@@ -78,7 +80,9 @@ impl SubscriberConfig {
             max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
             mode: Mode::Sequential,
             max_pending: None,
+            max_pending_per_key: None,
             fail_fast: false,
+            receive_flow: None,
         }
     }
 
@@ -138,6 +142,32 @@ impl SubscriberConfig {
         self
     }
 
+    /// Whether job-queue pressure may pause this subscriber's receive flow
+    /// (JQ-15). Default: on for queue-group subscribers — competing
+    /// consumers are the request/reply sources of a service — and off for
+    /// fan-out (pub/sub) subscribers, which pressure never pauses.
+    pub fn receive_flow(mut self, on: bool) -> Self {
+        self.receive_flow = Some(on);
+        self
+    }
+
+    /// Whether pressure may pause the receive flow (see
+    /// [`receive_flow`](Self::receive_flow)).
+    pub fn get_receive_flow(&self) -> bool {
+        self.receive_flow.unwrap_or(self.queue_group.is_some())
+    }
+
+    /// Deliveries one key may hold in a `workers(n, by_key)` subscriber's
+    /// owner FIFO (queued plus running; default: `max_pending`). A *request*
+    /// for a key at its limit is refused at once: the caller gets
+    /// [`Error::StructuralLimit`](crate::Error::StructuralLimit) and the
+    /// refusal is counted (`ruststream_structural_rejects_total`). A one-way
+    /// message waits for its key's room instead (JQ-10, JQ-21).
+    pub fn max_pending_per_key(mut self, n: usize) -> Self {
+        self.max_pending_per_key = Some(n);
+        self
+    }
+
     /// The subject.
     pub fn subject(&self) -> &Text {
         &self.subject
@@ -170,6 +200,14 @@ impl SubscriberConfig {
             Mode::Workers { n: 0, .. } => bad("workers(n) needs n >= 1"),
             Mode::Threads { n: 0, .. } => bad("threads(n) needs n >= 1"),
             _ if self.max_pending == Some(0) => bad("max_pending must be at least 1"),
+            _ if self.max_pending_per_key == Some(0) => {
+                bad("max_pending_per_key must be at least 1")
+            }
+            Mode::Sequential | Mode::Workers { by_key: false, .. } | Mode::Threads { .. }
+                if self.max_pending_per_key.is_some() =>
+            {
+                bad("max_pending_per_key applies to workers(n, by_key) only")
+            }
             _ => Ok(()),
         }
     }
@@ -179,6 +217,7 @@ impl SubscriberConfig {
             subject: self.subject.clone(),
             queue_group: self.queue_group.clone(),
             dead_letter: self.dead_letter.clone(),
+            receive_flow: self.get_receive_flow(),
         }
     }
 }

@@ -11,9 +11,10 @@ use tokio::task::JoinHandle;
 use super::AppHandle;
 use crate::Result;
 use crate::accept::AcceptLayer;
-use crate::binding::Broker;
+use crate::binding::{Broker, Subscription};
 use crate::exec;
 use crate::exec::stop::Stop;
+use crate::ingress::SourceRegistration;
 use crate::pipeline::Unit;
 use crate::subscriber::{Mode, SendSubscriber, Subscriber, SubscriberConfig};
 
@@ -54,14 +55,19 @@ pub(crate) trait StartUnit: Send {
 #[doc(hidden)]
 pub struct BoundSubscriber(pub(crate) Box<dyn StartUnit>);
 
-/// Subscribes and builds the shared [`Unit`].
+/// Subscribes, registers a request/reply source's receive-flow switch with
+/// the job queue (JQ-15: it gets the current pressure state first), and
+/// builds the shared [`Unit`].
 async fn open<B: Broker, S: Subscriber>(
     broker: B,
     subscriber: S,
     config: SubscriberConfig,
     cx: StartContext,
-) -> Result<(Unit<B, S>, B::Subscription, Stop)> {
+) -> Result<Opened<B, S>> {
     let subscription = broker.subscribe(config.subscribe_options()).await?;
+    let registration = subscription
+        .receive_flow()
+        .map(|flow| cx.app.jobs().register(flow));
     let unit = Unit {
         broker,
         subscriber,
@@ -70,7 +76,32 @@ async fn open<B: Broker, S: Subscriber>(
         app: cx.app,
         abort: cx.abort,
     };
-    Ok((unit, subscription, cx.stop))
+    Ok(Opened {
+        unit,
+        subscription,
+        stop: cx.stop,
+        registration,
+    })
+}
+
+/// A subscribed unit, ready for its loop.
+struct Opened<B: Broker, S> {
+    unit: Unit<B, S>,
+    subscription: B::Subscription,
+    stop: Stop,
+    registration: Option<SourceRegistration>,
+}
+
+/// Runs a loop, then takes its source out of the receive registry. (A
+/// binding's switch ignores transitions that race the close; JQ-17.)
+fn spawn_loop(
+    registration: Option<SourceRegistration>,
+    run: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        run.await;
+        drop(registration);
+    })
 }
 
 /// A subscriber whose handler future is `Send`: every mode.
@@ -88,18 +119,24 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
             let mode = self.config.mode;
-            let (unit, sub, stop) = open(self.broker, self.subscriber, self.config, cx).await?;
+            let Opened {
+                unit,
+                subscription: sub,
+                stop,
+                registration: reg,
+            } = open(self.broker, self.subscriber, self.config, cx).await?;
             Ok(match mode {
-                Mode::Sequential => tokio::spawn(exec::sequential::run(unit, sub, stop)),
+                Mode::Sequential => spawn_loop(reg, exec::sequential::run(unit, sub, stop)),
                 Mode::Workers { n, by_key: false } => {
-                    tokio::spawn(exec::workers::run(Arc::new(unit), sub, stop, n))
+                    spawn_loop(reg, exec::workers::run(Arc::new(unit), sub, stop, n))
                 }
                 Mode::Workers { n, by_key: true } => {
-                    tokio::spawn(exec::by_key::run(Arc::new(unit), sub, stop, n))
+                    spawn_loop(reg, exec::by_key::run(Arc::new(unit), sub, stop, n))
                 }
-                Mode::Threads { n, by_key } => {
-                    tokio::spawn(exec::threads::run(Arc::new(unit), sub, stop, n, by_key))
-                }
+                Mode::Threads { n, by_key } => spawn_loop(
+                    reg,
+                    exec::threads::run(Arc::new(unit), sub, stop, n, by_key),
+                ),
             })
         })
     }
@@ -125,14 +162,17 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
                     self.config.subject
                 )));
             };
-            let (unit, sub, stop) = open(self.broker, self.subscriber, self.config, cx).await?;
-            Ok(tokio::spawn(exec::threads::run(
-                Arc::new(unit),
-                sub,
-                stop,
-                n,
-                by_key,
-            )))
+            let opened = open(self.broker, self.subscriber, self.config, cx).await?;
+            Ok(spawn_loop(
+                opened.registration,
+                exec::threads::run(
+                    Arc::new(opened.unit),
+                    opened.subscription,
+                    opened.stop,
+                    n,
+                    by_key,
+                ),
+            ))
         })
     }
 }

@@ -15,10 +15,12 @@
 pub mod memory;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::ingress::ReceiveFlow;
 use crate::{Envelope, Message, Result, Text};
 
 /// What a subscriber asks a broker for.
@@ -31,6 +33,10 @@ pub struct SubscribeOptions {
     pub queue_group: Option<Text>,
     /// Where `reject` sends a message; `None` drops it with a warning.
     pub dead_letter: Option<Text>,
+    /// Whether this subscription is a request/reply source whose receive flow
+    /// the job queue's pressure state may pause (JQ-15). Plain pub/sub
+    /// fan-out never is.
+    pub receive_flow: bool,
 }
 
 impl SubscribeOptions {
@@ -40,12 +46,21 @@ impl SubscribeOptions {
             subject: subject.into(),
             queue_group: None,
             dead_letter: None,
+            receive_flow: false,
         }
     }
 
     /// Joins a queue group (competing consumers).
     pub fn queue_group(mut self, group: impl Into<Text>) -> Self {
         self.queue_group = Some(group.into());
+        self
+    }
+
+    /// Marks the subscription as a request/reply source: it exposes a
+    /// receive-flow switch ([`Subscription::receive_flow`]) for the job
+    /// queue's pressure state (JQ-15).
+    pub fn receive_flow(mut self, on: bool) -> Self {
+        self.receive_flow = on;
         self
     }
 
@@ -98,6 +113,14 @@ pub trait Subscription: Send + 'static {
     /// The next delivery, waiting for one; `None` once the subscription or its
     /// broker is closed. Cancel-safe: dropping the future loses nothing.
     fn next(&mut self) -> impl Future<Output = Option<Self::Delivery>> + Send;
+
+    /// The receive-flow switch of a request/reply source (JQ-15): the app
+    /// registers it with its job queue, which sets it PAUSED/RUNNING as
+    /// pressure changes. `None` (the default) for sources pressure must not
+    /// pause, and for bindings without one.
+    fn receive_flow(&self) -> Option<Arc<dyn ReceiveFlow>> {
+        None
+    }
 }
 
 /// One received message, not yet settled.

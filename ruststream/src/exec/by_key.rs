@@ -10,7 +10,7 @@
 use std::pin::pin;
 use std::sync::Arc;
 
-use super::owners::{OwnerLimits, OwnerSet};
+use super::owners::{OwnerLimits, OwnerSet, Refusal};
 use super::sequential::next;
 use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
@@ -32,8 +32,9 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
 ) {
     let jobs = Arc::clone(unit.app.jobs());
     let max_pending = unit.config.pending_limit(n);
+    let per_key = unit.config.max_pending_per_key.unwrap_or(max_pending);
     let owners: Arc<OwnerSet<Item<B, S>>> = Arc::new(OwnerSet::new(OwnerLimits {
-        max_count: max_pending,
+        max_count: per_key,
         max_bytes: usize::MAX,
         max_total: max_pending,
     }));
@@ -83,13 +84,28 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         };
         let key = unit.subscriber.key(&body, delivery.envelope());
         let bytes = delivery.envelope().frame_bytes();
+        let item = (delivery, body, permit);
+        let item = if item.0.envelope().reply_to().is_some() {
+            // A request is a new submission with a caller waiting: a full
+            // owner refuses it at once, with the reason (JQ-10).
+            match owners.try_admit(key, item, bytes) {
+                Ok(_) => continue,
+                Err((
+                    refusal @ (Refusal::OwnerCount | Refusal::OwnerBytes),
+                    (delivery, _, permit),
+                )) => {
+                    drop(permit);
+                    unit.refuse(delivery, refusal.into()).await;
+                    continue;
+                }
+                Err((_, item)) => item,
+            }
+        } else {
+            item
+        };
         // The capacity checked above is ours alone (one producer), so this
-        // admits at once; it waits only if a per-owner limit is lower.
-        if owners
-            .admit(key, (delivery, body, permit), bytes)
-            .await
-            .is_err()
-        {
+        // admits at once; it waits only if a per-key limit is lower.
+        if owners.admit(key, item, bytes).await.is_err() {
             break;
         }
     }

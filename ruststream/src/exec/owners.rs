@@ -157,8 +157,8 @@ impl<T> OwnerSet<T> {
 
     /// JQ-10: checks, reservation, sequence, append and ready-set insert as
     /// one commit. On refusal the item comes back and nothing changed.
-    // The receive loop uses the waiting `admit`; this is its non-waiting form.
-    #[cfg_attr(not(test), allow(dead_code))]
+    // The receive loop uses it for requests; one-way records use the waiting
+    // `admit`.
     pub(crate) fn try_admit(&self, owner: u64, item: T, bytes: usize) -> Result<u64, (Refusal, T)> {
         let mut state = self.lock();
         let (seq, worker) = self.admit_locked(&mut state, owner, item, bytes)?;

@@ -141,7 +141,8 @@ impl JobQueue {
         if let Ok(permit) = self.permits.try_acquire() {
             permit.forget();
         } else {
-            self.waiters.fetch_add(1, Ordering::Relaxed);
+            let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
+            metrics::job_waiters(waiters);
             let _waiting = Waiting(&self.waiters);
             match self.permits.acquire().await {
                 Ok(permit) => permit.forget(),
@@ -165,6 +166,7 @@ impl JobQueue {
 
     fn taken(&self) {
         let in_use = self.in_use.fetch_add(1, Ordering::AcqRel) + 1;
+        metrics::jobs_in_use(in_use);
         if !self.paused.load(Ordering::Acquire) && in_use >= self.thresholds.pause {
             self.recompute();
         }
@@ -173,6 +175,7 @@ impl JobQueue {
     fn release(&self) {
         let in_use = self.in_use.fetch_sub(1, Ordering::AcqRel) - 1;
         self.permits.add_permits(1);
+        metrics::jobs_in_use(in_use);
         if self.paused.load(Ordering::Acquire) && in_use <= self.thresholds.resume {
             self.recompute();
         }
@@ -200,6 +203,7 @@ impl JobQueue {
                     if let Some(since) = t.paused_since.take() {
                         t.paused_total += now - since;
                     }
+                    metrics::paused_seconds(t.paused_total);
                 }
             }
             self.paused
@@ -269,7 +273,8 @@ struct Waiting<'a>(&'a AtomicUsize);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        let waiters = self.0.fetch_sub(1, Ordering::Relaxed) - 1;
+        metrics::job_waiters(waiters);
     }
 }
 

@@ -4,9 +4,10 @@ use std::future::poll_fn;
 use std::sync::{Arc, Weak};
 use std::task::{Poll, ready};
 
-use super::queue::Queue;
+use super::queue::{MemberFlow, Queue};
 use super::{Connection, Inner};
 use crate::binding::{Delivery, Subscription};
+use crate::ingress::ReceiveFlow;
 use crate::message::header;
 use crate::{Envelope, Message, Result};
 
@@ -15,6 +16,8 @@ use crate::{Envelope, Message, Result};
 /// Dropping it leaves its queue; when the last member of a queue leaves, the
 /// queue is removed and frames still in it are discarded.
 pub struct MemorySubscription {
+    /// Set for request/reply sources (JQ-15).
+    pub(super) flow: Option<Arc<MemberFlow>>,
     pub(super) queue: Arc<Queue>,
     pub(super) broker: Weak<Inner>,
     pub(super) conn: Arc<Connection>,
@@ -22,6 +25,12 @@ pub struct MemorySubscription {
 
 impl Subscription for MemorySubscription {
     type Delivery = MemoryDelivery;
+
+    fn receive_flow(&self) -> Option<Arc<dyn ReceiveFlow>> {
+        self.flow
+            .as_ref()
+            .map(|flow| Arc::clone(flow) as Arc<dyn ReceiveFlow>)
+    }
 
     async fn next(&mut self) -> Option<MemoryDelivery> {
         if self.conn.is_closed() {
@@ -49,6 +58,9 @@ impl Subscription for MemorySubscription {
 
 impl Drop for MemorySubscription {
     fn drop(&mut self) {
+        if let Some(flow) = &self.flow {
+            flow.retire();
+        }
         if self.queue.leave() {
             if let Some(broker) = self.broker.upgrade() {
                 broker.registry_write().remove(&self.queue);

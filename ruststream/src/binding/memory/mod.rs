@@ -46,7 +46,8 @@ use tokio::time::Instant;
 
 pub use delivery::{MemoryDelivery, MemorySubscription};
 
-use self::queue::{Queue, Refused};
+use self::queue::{MemberFlow, Queue, Refused};
+pub use self::queue::{QueueStats, ROUND_RECORDS, ReceiveRound};
 use self::registry::{Registry, Targets};
 use self::shared::BrokerShared;
 use crate::binding::{Broker, Requester, SubscribeOptions};
@@ -66,13 +67,24 @@ pub struct MemoryBroker {
 
 /// One connection's state: closing it ends its subscriptions and refuses its
 /// publishes, and leaves other connections running.
-#[derive(Default)]
 pub(crate) struct Connection {
+    /// The peer id its publishes are accounted under (JQ-24 item 9).
+    id: u64,
     closed: AtomicBool,
     on_close: tokio::sync::Notify,
 }
 
+static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
+
 impl Connection {
+    fn open() -> Arc<Connection> {
+        Arc::new(Connection {
+            id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
+            closed: AtomicBool::new(false),
+            on_close: tokio::sync::Notify::new(),
+        })
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -94,6 +106,7 @@ pub(crate) struct Inner {
     shared: Arc<BrokerShared>,
     registry: RwLock<Registry>,
     budget: usize,
+    round: ReceiveRound,
     publish_timeout: Duration,
     inbox_prefix: String,
     next_inbox: AtomicU64,
@@ -116,6 +129,7 @@ pub(crate) struct Inner {
 #[derive(Clone, Debug)]
 pub struct MemoryBrokerBuilder {
     hwm: CoreHwm,
+    round: ReceiveRound,
     publish_timeout: Duration,
     max_publish_waiters: usize,
 }
@@ -124,6 +138,7 @@ impl Default for MemoryBrokerBuilder {
     fn default() -> Self {
         MemoryBrokerBuilder {
             hwm: CoreHwm::default(),
+            round: ReceiveRound::default(),
             publish_timeout: Duration::from_secs(10),
             max_publish_waiters: 1024,
         }
@@ -134,6 +149,14 @@ impl MemoryBrokerBuilder {
     /// Core HWM settings (default: `CoreHwmProfile::Balanced`).
     pub fn hwm(mut self, hwm: CoreHwm) -> Self {
         self.hwm = hwm;
+        self
+    }
+
+    /// Byte and time budgets of one fair receive round (JQ-12; default 1 MiB
+    /// or 5 ms, whichever ends first, with at most 64 frames). A queue fed by
+    /// several connections takes a round from one, then moves on to the next.
+    pub fn receive_round(mut self, round: ReceiveRound) -> Self {
+        self.round = round;
         self
     }
 
@@ -161,12 +184,13 @@ impl MemoryBrokerBuilder {
                 )),
                 registry: RwLock::new(Registry::default()),
                 budget: self.hwm.effective_budget_bytes(),
+                round: self.round,
                 publish_timeout: self.publish_timeout,
                 inbox_prefix: format!("_INBOX.{id}."),
                 next_inbox: AtomicU64::new(1),
                 inbox: Mutex::new(HashMap::new()),
             }),
-            conn: Arc::default(),
+            conn: Connection::open(),
         }
     }
 }
@@ -202,7 +226,7 @@ impl MemoryBroker {
     pub fn connect(&self) -> MemoryBroker {
         MemoryBroker {
             inner: Arc::clone(&self.inner),
-            conn: Arc::default(),
+            conn: Connection::open(),
         }
     }
 
@@ -217,6 +241,29 @@ impl MemoryBroker {
     /// JQ-1).
     pub fn queued_bytes(&self) -> usize {
         self.inner.shared.bytes()
+    }
+
+    /// Every receive queue of the server, as it is now: what is waiting in
+    /// it, for how many peers, and whether its receive flow is paused.
+    ///
+    /// ```
+    /// use ruststream::{Broker, MemoryBroker, Message, SubscribeOptions};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let broker = MemoryBroker::new();
+    /// let _sub = broker.subscribe(SubscribeOptions::new("jobs").queue_group("w")).await?;
+    /// broker.publish_message("jobs", Message::new("one"), None).await?;
+    /// let queues = broker.queues();
+    /// assert_eq!(queues[0].queued, 1);
+    /// assert!(!queues[0].receive_paused);
+    /// # Ok::<_, ruststream::Error>(()) }).unwrap();
+    /// ```
+    pub fn queues(&self) -> Vec<QueueStats> {
+        self.inner
+            .registry_read()
+            .queues()
+            .map(|q| q.stats())
+            .collect()
     }
 }
 
@@ -248,6 +295,7 @@ impl Inner {
         Publish {
             inner: self,
             state: PublishState::Start {
+                peer: conn.map_or(0, |conn| conn.id),
                 conn,
                 subject,
                 message,
@@ -259,12 +307,12 @@ impl Inner {
     /// Routes and admits `message` without waiting: `Stalled::Full` at the
     /// first target queue that has no room (the ones before it keep the
     /// frame, as with a waiting publish).
-    fn publish_now(&self, subject: &str, message: Message) -> Result<(), Stalled> {
+    fn publish_now(&self, peer: u64, subject: &str, message: Message) -> Result<(), Stalled> {
         let registry = self.registry_read();
         let targets = match registry.exact(subject) {
             Ok(Some(route)) => {
-                return push_now(&route.queues, &route.subject, message).map_err(|stall| {
-                    stall.into_stalled(|| Targets::Shared(Arc::clone(route)), &route.subject)
+                return push_now(peer, &route.queues, &route.subject, message).map_err(|stall| {
+                    stall.into_stalled(peer, || Targets::Shared(Arc::clone(route)), &route.subject)
                 });
             }
             Ok(None) => None,
@@ -276,8 +324,8 @@ impl Inner {
             return Ok(());
         };
         let subject = Text::from(subject);
-        push_now(targets.queues(), &subject, message)
-            .map_err(|stall| stall.into_stalled(|| targets, &subject))
+        push_now(peer, targets.queues(), &subject, message)
+            .map_err(|stall| stall.into_stalled(peer, || targets, &subject))
     }
     /// Completion supply (JQ-6): a reply goes straight to its waiting caller.
     /// A reply for a request that already ended is dropped: first terminal wins.
@@ -327,6 +375,8 @@ pub(crate) struct Publish<'a, 's> {
 enum PublishState<'a, 's> {
     /// Not admitted yet; `conn` is `None` once checked.
     Start {
+        /// The publishing connection's id, kept across polls.
+        peer: u64,
         conn: Option<&'a Connection>,
         subject: &'s str,
         message: Message,
@@ -344,7 +394,13 @@ impl Future for Publish<'_, '_> {
         let this = &mut *self;
         let inner = this.inner;
         match &mut this.state {
-            PublishState::Start { conn, subject, .. } => {
+            PublishState::Start {
+                peer,
+                conn,
+                subject,
+                ..
+            } => {
+                let peer = *peer;
                 if let Some(conn) = conn.take()
                     && conn.is_closed()
                 {
@@ -377,7 +433,7 @@ impl Future for Publish<'_, '_> {
                 else {
                     unreachable!("in the start state")
                 };
-                match inner.publish_now(subject, message) {
+                match inner.publish_now(peer, subject, message) {
                     Ok(()) => return Poll::Ready(Ok(())),
                     Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
                     Err(Stalled::Full(waiting)) => {
@@ -408,6 +464,7 @@ enum Stalled {
 /// A publish that has to wait for space in `targets[at]`; the queues before
 /// `at` already admitted the frame.
 struct Waiting {
+    peer: u64,
     targets: Targets,
     subject: Text,
     at: usize,
@@ -422,11 +479,18 @@ impl Waiting {
     async fn wait(self, deadline: Deadline) -> Result<()> {
         let queues = self.targets.queues();
         queues[self.at]
-            .wait_push(self.env, || deadline.resolve())
+            .wait_push(self.peer, self.env, || deadline.resolve())
             .await?;
         match self.rest {
             Some(message) => {
-                fan_out(&queues[self.at + 1..], &self.subject, message, deadline).await
+                fan_out(
+                    self.peer,
+                    &queues[self.at + 1..],
+                    &self.subject,
+                    message,
+                    deadline,
+                )
+                .await
             }
             None => Ok(()),
         }
@@ -444,10 +508,11 @@ enum PushStall {
 }
 
 impl PushStall {
-    fn into_stalled(self, targets: impl FnOnce() -> Targets, subject: &Text) -> Stalled {
+    fn into_stalled(self, peer: u64, targets: impl FnOnce() -> Targets, subject: &Text) -> Stalled {
         match self {
             PushStall::Closed => Stalled::Failed(queue_closed()),
             PushStall::Full { at, env, rest } => Stalled::Full(Box::new(Waiting {
+                peer,
                 targets: targets(),
                 subject: subject.clone(),
                 at,
@@ -463,12 +528,17 @@ impl PushStall {
 // The refused frame comes back by value: boxing it would allocate on the path
 // that is already under pressure.
 #[allow(clippy::result_large_err)]
-fn push_now(queues: &[Arc<Queue>], subject: &Text, message: Message) -> Result<(), PushStall> {
+fn push_now(
+    peer: u64,
+    queues: &[Arc<Queue>],
+    subject: &Text,
+    message: Message,
+) -> Result<(), PushStall> {
     let Some((last, rest)) = queues.split_last() else {
         return Ok(());
     };
     for (at, queue) in rest.iter().enumerate() {
-        match queue.try_push(Envelope::new(subject.clone(), message.clone())) {
+        match queue.try_push(peer, Envelope::new(subject.clone(), message.clone())) {
             Ok(()) => {}
             Err(Refused::Closed) => return Err(PushStall::Closed),
             Err(Refused::Full(env)) => {
@@ -480,7 +550,7 @@ fn push_now(queues: &[Arc<Queue>], subject: &Text, message: Message) -> Result<(
             }
         }
     }
-    match last.try_push(Envelope::new(subject.clone(), message)) {
+    match last.try_push(peer, Envelope::new(subject.clone(), message)) {
         Ok(()) => Ok(()),
         Err(Refused::Closed) => Err(PushStall::Closed),
         Err(Refused::Full(env)) => Err(PushStall::Full {
@@ -495,6 +565,7 @@ fn push_now(queues: &[Arc<Queue>], subject: &Text, message: Message) -> Result<(
 /// subscriptions are on NATS: a queue that stays full until the deadline fails
 /// the publish, and queues that already admitted the message keep it.
 async fn fan_out(
+    peer: u64,
     queues: &[Arc<Queue>],
     subject: &Text,
     message: Message,
@@ -505,12 +576,14 @@ async fn fan_out(
     };
     for queue in rest {
         queue
-            .push(Envelope::new(subject.clone(), message.clone()), || {
-                deadline.resolve()
-            })
+            .push(
+                peer,
+                Envelope::new(subject.clone(), message.clone()),
+                || deadline.resolve(),
+            )
             .await?;
     }
-    last.push(Envelope::new(subject.clone(), message), || {
+    last.push(peer, Envelope::new(subject.clone(), message), || {
         deadline.resolve()
     })
     .await
@@ -543,8 +616,10 @@ impl Broker for MemoryBroker {
             None => {
                 let queue = Arc::new(Queue::new(
                     options.subject.clone(),
+                    options.queue_group.clone(),
                     options.dead_letter.clone(),
                     self.inner.budget,
+                    self.inner.round,
                     Arc::clone(&self.inner.shared),
                     Arc::downgrade(&self.inner),
                 ));
@@ -553,7 +628,11 @@ impl Broker for MemoryBroker {
             }
         };
         queue.join();
+        let flow = options
+            .receive_flow
+            .then(|| Arc::new(MemberFlow::new(Arc::clone(&queue))));
         Ok(MemorySubscription {
+            flow,
             queue,
             broker: Arc::downgrade(&self.inner),
             conn: Arc::clone(&self.conn),
@@ -626,7 +705,7 @@ impl Requester for MemoryBroker {
         let reply_to = format!("{}{id}", inner.inbox_prefix);
         inner
             .publish(
-                None,
+                Some(&self.conn),
                 subject,
                 message.with_reply_to(reply_to),
                 Deadline::At(deadline),

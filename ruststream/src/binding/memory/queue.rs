@@ -1,6 +1,18 @@
-//! One receive queue of the memory Core: a FIFO bounded by a byte high-water
-//! mark (JQ-1), shared by the members of a queue group or owned by one
-//! fan-out subscription.
+//! One receive queue of the memory Core: FIFO lanes, one per publishing
+//! connection (a peer), each bounded by the byte high-water mark (JQ-1), read
+//! in fair rounds (JQ-12), shared by the members of a queue group or owned by
+//! one fan-out subscription.
+//!
+//! * Accounting is per peer (JQ-24 item 9): a peer that fills its lane waits
+//!   for space while other peers still get in.
+//! * A receive round takes at most [`ROUND_RECORDS`] frames, a byte budget and
+//!   a time budget, whichever ends first; the next round starts at the lane
+//!   after the one where it stopped, so a peer that keeps sending never
+//!   starves the others (JQ-12, JQ-24 items 7 and 8).
+//! * Remote pause (JQ-15): members that serve requests register a
+//!   receive-flow switch; while every member is paused, publishers wait as
+//!   if the queue were full. The pause and the byte HWM are independent
+//!   blockers: resuming lifts only the pause.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -8,6 +20,7 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Poll;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -15,32 +28,155 @@ use tokio::time::Instant;
 use super::{BrokerShared, Connection};
 use crate::{Envelope, Error, Result, Text};
 
+/// Frames one receive round takes at most (JQ-12: fixed).
+pub const ROUND_RECORDS: u32 = 64;
+
+/// The byte and time budgets of one receive round (JQ-12); the record budget
+/// is fixed at [`ROUND_RECORDS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceiveRound {
+    /// Bytes one round takes at most (the frame that crosses it ends the round).
+    pub bytes: usize,
+    /// Time one round may last, from its first frame.
+    pub time: Duration,
+}
+
+impl Default for ReceiveRound {
+    /// 1 MiB or 5 ms.
+    fn default() -> Self {
+        ReceiveRound {
+            bytes: 1024 * 1024,
+            time: Duration::from_millis(5),
+        }
+    }
+}
+
 /// Why a frame was not admitted.
 pub(crate) enum Refused {
-    /// No room under the byte HWM right now; the envelope comes back.
+    /// No room under the byte HWM (or the queue is remotely paused) right
+    /// now; the envelope comes back.
     Full(Envelope),
     /// The queue is closed.
     Closed,
 }
 
-/// Queue capacity kept after a burst drains.
+/// Lane capacity kept after a burst drains.
 const SHRINK_ABOVE: usize = 1024;
 
-struct State {
+/// The frames of one peer. Peer 0 is the broker itself (dead letters,
+/// retries, requests).
+struct Lane {
+    peer: u64,
     items: VecDeque<Envelope>,
     bytes: usize,
+}
+
+impl Lane {
+    fn new(peer: u64) -> Self {
+        Lane {
+            peer,
+            items: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    fn pop(&mut self) -> Option<Envelope> {
+        let env = self.items.pop_front()?;
+        self.bytes -= env.frame_bytes();
+        if self.items.is_empty() && self.items.capacity() > SHRINK_ABOVE {
+            // Give a burst's memory back once it has drained.
+            self.items.shrink_to(SHRINK_ABOVE);
+        }
+        Some(env)
+    }
+}
+
+/// What the current round has taken so far.
+#[derive(Default)]
+struct Round {
+    records: u32,
+    bytes: usize,
+    started: Option<Instant>,
+}
+
+struct State {
+    /// Never empty: the last lane stays (with its buffer) when it drains.
+    lanes: Vec<Lane>,
+    /// The lane the current round reads.
+    cursor: usize,
+    round: Round,
     closed: bool,
+    /// Members whose receive flow is paused (JQ-15).
+    paused_members: usize,
+}
+
+impl State {
+    /// The lane of `peer`, made if needed.
+    fn lane(&mut self, peer: u64) -> &mut Lane {
+        let at = match self.lanes.iter().position(|l| l.peer == peer) {
+            Some(at) => at,
+            None if self.lanes.len() == 1 && self.lanes[0].items.is_empty() => {
+                self.lanes[0].peer = peer;
+                0
+            }
+            None => {
+                self.lanes.push(Lane::new(peer));
+                self.lanes.len() - 1
+            }
+        };
+        &mut self.lanes[at]
+    }
+
+    /// Takes the next frame in fair order (JQ-12).
+    fn pop(&mut self, budget: &ReceiveRound) -> Option<Envelope> {
+        if self.lanes.len() == 1 {
+            // One peer: rounds change nothing, so they cost nothing.
+            return self.lanes[0].pop();
+        }
+        let n = self.lanes.len();
+        let at = (0..n)
+            .map(|k| (self.cursor + k) % n)
+            .find(|&at| !self.lanes[at].items.is_empty())?;
+        // An empty lane passes the round on to the next one.
+        self.cursor = at;
+        let env = self.lanes[at].pop()?;
+        let now = Instant::now();
+        let round = &mut self.round;
+        round.records += 1;
+        round.bytes += env.frame_bytes();
+        let started = *round.started.get_or_insert(now);
+        if round.records >= ROUND_RECORDS
+            || round.bytes >= budget.bytes
+            || now.duration_since(started) >= budget.time
+        {
+            // The next round starts after the lane where this one stopped.
+            self.round = Round::default();
+            self.cursor = at + 1;
+        }
+        if self.lanes[at].items.is_empty() {
+            self.lanes.remove(at);
+            if self.cursor > at {
+                self.cursor -= 1;
+            }
+        }
+        if self.cursor >= self.lanes.len() {
+            self.cursor = 0;
+        }
+        Some(env)
+    }
 }
 
 pub(crate) struct Queue {
     state: Mutex<State>,
     /// Consumers wait here; one notification per admitted frame.
     readable: Notify,
-    /// `CoreHwmBudgetBytes` for this queue.
+    /// `CoreHwmBudgetBytes` for each peer's lane.
     budget: usize,
+    round: ReceiveRound,
     /// Subscriptions reading this queue; the last one to leave closes it.
     members: AtomicUsize,
     pub(crate) subject: Text,
+    pub(crate) group: Option<Text>,
     pub(crate) dead_letter: Option<Text>,
     pub(crate) shared: Arc<BrokerShared>,
     /// Back to the broker for dead-lettering; weak so queues never keep a
@@ -48,24 +184,52 @@ pub(crate) struct Queue {
     pub(crate) broker: Weak<super::Inner>,
 }
 
+/// What a queue looks like right now (see
+/// [`MemoryBroker::queues`](super::MemoryBroker::queues)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// The subscribed subject or pattern.
+    pub subject: Text,
+    /// The queue group, for a shared queue.
+    pub queue_group: Option<Text>,
+    /// Subscriptions reading the queue.
+    pub members: usize,
+    /// Frames waiting to be received.
+    pub queued: usize,
+    /// Bytes those frames are charged (payload + headers + framing).
+    pub bytes: usize,
+    /// Peers (publishing connections) with frames waiting.
+    pub peers: usize,
+    /// Whether the remote pause blocks publishers now (JQ-15): every member
+    /// is a request/reply source and the job queue of each is PAUSED.
+    pub receive_paused: bool,
+}
+
 impl Queue {
     pub(crate) fn new(
         subject: Text,
+        group: Option<Text>,
         dead_letter: Option<Text>,
         budget: usize,
+        round: ReceiveRound,
         shared: Arc<BrokerShared>,
         broker: Weak<super::Inner>,
     ) -> Self {
         Queue {
             state: Mutex::new(State {
-                items: VecDeque::new(),
-                bytes: 0,
+                lanes: vec![Lane::new(0)],
+                cursor: 0,
+                round: Round::default(),
                 closed: false,
+                paused_members: 0,
             }),
             readable: Notify::new(),
             budget,
+            round,
             members: AtomicUsize::new(0),
             subject,
+            group,
             dead_letter,
             shared,
             broker,
@@ -78,26 +242,36 @@ impl Queue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits `env` if the queue and the broker-wide limit have room. A frame
-    /// larger than the budget is admitted into an empty queue, so no message
-    /// is refused forever; memory stays bounded by budget + one frame.
+    fn paused(&self, state: &State) -> bool {
+        state.paused_members > 0 && state.paused_members >= self.members.load(Ordering::Acquire)
+    }
+
+    /// Admits `env` from `peer` if its lane and the broker-wide limit have
+    /// room and the queue is not remotely paused. A frame larger than the
+    /// budget is admitted into an empty lane, so no message is refused
+    /// forever; memory stays bounded by budget + one frame per peer.
     // The refused envelope comes back by value: boxing it would allocate on
     // the very path that is already under pressure.
     #[allow(clippy::result_large_err)]
-    pub(crate) fn try_push(&self, env: Envelope) -> Result<(), Refused> {
+    pub(crate) fn try_push(&self, peer: u64, env: Envelope) -> Result<(), Refused> {
         let len = env.frame_bytes();
         let mut state = self.lock();
         if state.closed {
             return Err(Refused::Closed);
         }
-        if state.bytes > 0 && state.bytes + len > self.budget {
+        if state.paused_members > 0 && self.paused(&state) {
+            return Err(Refused::Full(env));
+        }
+        let budget = self.budget;
+        let lane = state.lane(peer);
+        if lane.bytes > 0 && lane.bytes + len > budget {
             return Err(Refused::Full(env));
         }
         if !self.shared.charge(len) {
             return Err(Refused::Full(env));
         }
-        state.bytes += len;
-        state.items.push_back(env);
+        lane.bytes += len;
+        lane.items.push_back(env);
         drop(state);
         self.readable.notify_one();
         Ok(())
@@ -106,23 +280,25 @@ impl Queue {
     /// Admits `env`, waiting for space until `deadline` (JQ-19: refused →
     /// wait → submit once → `DeadlineExceeded`). Waiter slots are bounded; when
     /// they are all taken the call fails at once. Nothing is dropped to make
-    /// room and nothing polls: waiters sleep until a consumer frees bytes.
+    /// room and nothing polls: waiters sleep until a consumer frees bytes or
+    /// the remote pause lifts.
     ///
     /// `deadline` is computed only if the publish has to wait, so the fast path
     /// never reads the clock.
     pub(crate) async fn push(
         &self,
+        peer: u64,
         env: Envelope,
         deadline: impl FnOnce() -> Instant,
     ) -> Result<()> {
         tokio::task::coop::consume_budget().await;
-        match self.try_push(env) {
+        match self.try_push(peer, env) {
             Ok(()) => Ok(()),
             Err(Refused::Closed) => Err(super::queue_closed()),
             // Out of line and boxed: the waiting state (waiter slot, space
             // notification, timer) never inflates the futures of the publish
             // path that does not wait.
-            Err(Refused::Full(env)) => Box::pin(self.wait_push(env, deadline)).await,
+            Err(Refused::Full(env)) => Box::pin(self.wait_push(peer, env, deadline)).await,
         }
     }
 
@@ -130,6 +306,7 @@ impl Queue {
     /// refused as full.
     pub(crate) async fn wait_push(
         &self,
+        peer: u64,
         mut env: Envelope,
         deadline: impl FnOnce() -> Instant,
     ) -> Result<()> {
@@ -143,7 +320,7 @@ impl Queue {
         loop {
             let mut space = pin!(self.shared.space.notified());
             space.as_mut().enable();
-            env = match self.try_push(env) {
+            env = match self.try_push(peer, env) {
                 Ok(()) => return Ok(()),
                 Err(Refused::Closed) => return Err(super::queue_closed()),
                 Err(Refused::Full(env)) => env,
@@ -151,15 +328,15 @@ impl Queue {
             if tokio::time::timeout_at(deadline, space).await.is_err() {
                 crate::metrics::deadline_exceeded("memory");
                 return Err(Error::DeadlineExceeded(
-                    "receive queue stayed full until the deadline",
+                    "receive queue stayed full or paused until the deadline",
                 ));
             }
         }
     }
 
-    /// Puts a delivered frame back at the head for redelivery. It was already
-    /// admitted once, so it is not refused again: the overshoot is bounded by the
-    /// number of deliveries in flight.
+    /// Puts a delivered frame back at the head of the lane being read, for
+    /// redelivery. It was already admitted once, so it is not refused again:
+    /// the overshoot is bounded by the number of deliveries in flight.
     pub(crate) fn requeue(&self, env: Envelope) -> bool {
         let len = env.frame_bytes();
         let mut state = self.lock();
@@ -167,8 +344,10 @@ impl Queue {
             return false;
         }
         self.shared.charge_unchecked(len);
-        state.bytes += len;
-        state.items.push_front(env);
+        let cursor = state.cursor;
+        let lane = &mut state.lanes[cursor];
+        lane.bytes += len;
+        lane.items.push_front(env);
         drop(state);
         self.readable.notify_one();
         true
@@ -202,27 +381,40 @@ impl Queue {
     /// `Some(Some(frame))`, `Some(None)` when closed, `None` when empty.
     pub(crate) fn try_pop(&self) -> Option<Option<Envelope>> {
         let mut state = self.lock();
-        if let Some(env) = state.items.pop_front() {
-            let len = env.frame_bytes();
-            state.bytes -= len;
-            if state.items.is_empty() && state.items.capacity() > SHRINK_ABOVE {
-                // Give a burst's memory back once it has drained.
-                state.items.shrink_to(SHRINK_ABOVE);
-            }
+        if let Some(env) = state.pop(&self.round) {
             drop(state);
-            self.shared.release(len);
+            self.shared.release(env.frame_bytes());
             return Some(Some(env));
         }
         state.closed.then_some(None)
     }
 
     pub(crate) fn join(&self) {
-        self.members.fetch_add(1, Ordering::Relaxed);
+        self.members.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Returns true when the last member left.
     pub(crate) fn leave(&self) -> bool {
-        self.members.fetch_sub(1, Ordering::AcqRel) == 1
+        let last = self.members.fetch_sub(1, Ordering::AcqRel) == 1;
+        // One member fewer may leave only paused members: publishers that
+        // waited for the running one must look again.
+        self.shared.space.notify_waiters();
+        last
+    }
+
+    /// One member's receive flow paused or resumed (JQ-15). Publishers
+    /// waiting on the pause are woken when it lifts.
+    pub(crate) fn set_member_paused(&self, paused: bool) {
+        let mut state = self.lock();
+        if paused {
+            state.paused_members += 1;
+        } else {
+            state.paused_members -= 1;
+        }
+        drop(state);
+        if !paused {
+            self.shared.space.notify_waiters();
+        }
     }
 
     /// Closes the queue: consumers drain nothing more and see the end; frames
@@ -230,10 +422,65 @@ impl Queue {
     pub(crate) fn close(&self) {
         let mut state = self.lock();
         state.closed = true;
-        let bytes = std::mem::take(&mut state.bytes);
-        state.items.clear();
+        let bytes: usize = state.lanes.iter().map(|l| l.bytes).sum();
+        state.lanes = vec![Lane::new(0)];
+        state.cursor = 0;
         drop(state);
         self.shared.release(bytes);
         self.readable.notify_waiters();
+    }
+
+    pub(crate) fn stats(&self) -> QueueStats {
+        let state = self.lock();
+        QueueStats {
+            subject: self.subject.clone(),
+            queue_group: self.group.clone(),
+            members: self.members.load(Ordering::Acquire),
+            queued: state.lanes.iter().map(|l| l.items.len()).sum(),
+            bytes: state.lanes.iter().map(|l| l.bytes).sum(),
+            peers: state.lanes.iter().filter(|l| !l.items.is_empty()).count(),
+            receive_paused: self.paused(&state),
+        }
+    }
+}
+
+/// A member's receive-flow switch on the memory Core (JQ-15): the job queue
+/// sets it; the subscription retires it when it closes, after which late
+/// transitions are ignored.
+pub(crate) struct MemberFlow {
+    queue: Arc<Queue>,
+    /// (paused, retired)
+    state: Mutex<(bool, bool)>,
+}
+
+impl MemberFlow {
+    pub(crate) fn new(queue: Arc<Queue>) -> Self {
+        MemberFlow {
+            queue,
+            state: Mutex::new((false, false)),
+        }
+    }
+
+    /// The member leaves: lifts its pause for good.
+    pub(crate) fn retire(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let was_paused = state.0;
+        *state = (false, true);
+        if was_paused {
+            self.queue.set_member_paused(false);
+        }
+    }
+}
+
+impl crate::ingress::ReceiveFlow for MemberFlow {
+    fn set_paused(&self, paused: bool) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.1 || state.0 == paused {
+            return;
+        }
+        state.0 = paused;
+        // Under this member's own lock, so two transitions never apply out of
+        // order; the queue lock is taken inside it, never the other way.
+        self.queue.set_member_paused(paused);
     }
 }

@@ -104,6 +104,14 @@ impl Registry {
         }
     }
 
+    /// Every queue, once each.
+    pub(crate) fn queues(&self) -> impl Iterator<Item = &Arc<Queue>> {
+        self.exact
+            .values()
+            .flat_map(|route| route.queues.iter())
+            .chain(self.patterns.iter())
+    }
+
     /// Queues a message published to `subject` goes to.
     pub(crate) fn targets(&self, subject: &str) -> Option<Targets> {
         let exact = self.exact.get(subject);
