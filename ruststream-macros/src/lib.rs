@@ -24,9 +24,11 @@ pub fn app(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Marks an `async fn` as a message handler.
 ///
 /// `#[subscriber("subject", queue_group = "g", dead_letter = "s.dlq",
-/// max_attempts = 3, codec = path::To::Codec)]`, plus an execution mode:
-/// `workers(n)`, `workers(n, by_key)`, `workers(n, by_key = key_fn)` (with
-/// `max_pending = n`), `threads(n)`, `threads(n, by_key)`. The function keeps its name
+/// max_attempts = 3, codec = path::To::Codec, fail_fast, receive_flow = bool)]`,
+/// plus an execution mode: `workers(n)`, `workers(n, by_key)`,
+/// `workers(n, by_key = key_fn)` (with `max_pending = n` and
+/// `max_pending_per_key = n`), `threads(n)`, `threads(n, by_key)`. Each argument
+/// maps to the `SubscriberConfig` method of the same name. The function keeps its name
 /// and stays directly callable and awaitable; a companion type of the same
 /// name carries the configuration for `App::subscriber`.
 #[proc_macro_attribute]

@@ -35,7 +35,7 @@ struct SubscriberArgs {
     max_pending: Option<SpannedValue<usize>>,
     max_pending_per_key: Option<SpannedValue<usize>>,
     fail_fast: darling::util::Flag,
-    receive_flow: Option<bool>,
+    receive_flow: Option<syn::Lit>,
 }
 
 struct Args {
@@ -90,17 +90,28 @@ fn parse_args(args: TokenStream) -> darling::Result<Args> {
         )
         .with_span(&threads.span));
     }
-    if let Some(n) = &options.max_pending {
-        let by_key_workers = options.workers.as_ref().is_some_and(|w| w.by_key.is_some());
+    if let Some(lit) = &options.receive_flow
+        && !matches!(lit, syn::Lit::Bool(_))
+    {
+        return Err(
+            darling::Error::custom("`receive_flow` takes `true` or `false`").with_span(lit)
+        );
+    }
+    let by_key_workers = options.workers.as_ref().is_some_and(|w| w.by_key.is_some());
+    for (name, limit) in [
+        ("max_pending", &options.max_pending),
+        ("max_pending_per_key", &options.max_pending_per_key),
+    ] {
+        let Some(n) = limit else { continue };
         if !by_key_workers {
-            return Err(darling::Error::custom(
-                "`max_pending` bounds the owner FIFOs of `workers(n, by_key)`; it has no effect here",
-            )
+            return Err(darling::Error::custom(format!(
+                "`{name}` bounds the owner FIFOs of `workers(n, by_key)`; it has no effect here"
+            ))
             .with_span(&n.span()));
         }
         if **n == 0 {
             return Err(
-                darling::Error::custom("`max_pending` must be at least 1").with_span(&n.span())
+                darling::Error::custom(format!("`{name}` must be at least 1")).with_span(&n.span())
             );
         }
     }
@@ -316,7 +327,7 @@ fn generate(
     if options.fail_fast.is_present() {
         config.extend(quote!(.fail_fast(true)));
     }
-    if let Some(on) = options.receive_flow {
+    if let Some(on) = &options.receive_flow {
         config.extend(quote!(.receive_flow(#on)));
     }
     let key_fn = mode::key_fn(

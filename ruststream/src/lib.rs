@@ -58,7 +58,10 @@ pub mod __private;
 
 pub use accept::{AcceptLayer, Verdict};
 pub use app::{App, AppHandle, BoundSubscriber, IntoSubscriber, NoBroker, RunningApp};
-pub use binding::memory::{MemoryBroker, MemoryBrokerBuilder, MemoryDelivery, MemorySubscription};
+pub use binding::memory::{
+    MemoryBroker, MemoryBrokerBuilder, MemoryDelivery, MemorySubscription, QueueStats,
+    ROUND_RECORDS, ReceiveRound,
+};
 pub use binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
 pub use codec::{Codec, Json};
 pub use config::{CoreHwm, CoreHwmProfile};

@@ -253,6 +253,7 @@ impl JobQueue {
             state: t.state,
             in_use: self.in_use.load(Ordering::Acquire),
             max: self.max,
+            waiters: self.waiters(),
             pause_count: t.pause_count,
             paused_for: t.paused_total + current_pause,
         }

@@ -60,6 +60,8 @@ pub struct Pressure {
     pub in_use: usize,
     /// Effective maximum.
     pub max: usize,
+    /// Receive loops waiting for a permit now: the shared-cap wait (JQ-5).
+    pub waiters: usize,
     /// RUNNING → PAUSED transitions so far.
     pub pause_count: u64,
     /// Time spent PAUSED, including the current pause.

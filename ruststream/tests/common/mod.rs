@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -66,22 +66,72 @@ pub fn install_metrics() {
     snapshotter();
 }
 
-/// Current value of counter `name` with label `label_key=label_value`.
+/// Counter totals seen so far: the debugging recorder's snapshot resets
+/// every value it returns, so counters are accumulated here.
+static COUNTERS: Mutex<Vec<CounterTotal>> = Mutex::new(Vec::new());
+
+/// Name, labels, total.
+type CounterTotal = (String, Vec<(String, String)>, u64);
+
+/// One snapshot of every metric: counters are added to their running totals;
+/// gauges are read from this snapshot only (a gauge that was not set again
+/// since the previous snapshot reads 0, so take one snapshot per check).
+pub struct Observed {
+    gauges: Vec<(String, f64)>,
+}
+
+impl Observed {
+    /// Gauge `name` (without labels) in this snapshot.
+    pub fn gauge(&self, name: &str) -> f64 {
+        self.gauges
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .sum()
+    }
+}
+
+/// Takes one snapshot of every metric.
+pub fn observe() -> Observed {
+    let mut counters = COUNTERS.lock().unwrap();
+    let mut gauges = Vec::new();
+    for (key, _, _, value) in snapshotter().snapshot().into_vec() {
+        let name = key.key().name().to_owned();
+        let labels: Vec<(String, String)> = key
+            .key()
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        match value {
+            DebugValue::Counter(n) => {
+                match counters
+                    .iter_mut()
+                    .find(|(k, l, _)| *k == name && *l == labels)
+                {
+                    Some((.., total)) => *total += n,
+                    None => counters.push((name, labels, n)),
+                }
+            }
+            DebugValue::Gauge(g) => gauges.push((name, g.into_inner())),
+            DebugValue::Histogram(_) => {}
+        }
+    }
+    Observed { gauges }
+}
+
+/// Total of counter `name` with label `label_key=label_value` so far.
 pub fn counter(name: &str, label_key: &str, label_value: &str) -> u64 {
-    snapshotter()
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| {
-            key.key().name() == name
-                && key
-                    .key()
-                    .labels()
-                    .any(|l| l.key() == label_key && l.value() == label_value)
+    observe();
+    COUNTERS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(n, labels, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .any(|(k, v)| k == label_key && v == label_value)
         })
-        .map(|(.., value)| match value {
-            DebugValue::Counter(n) => n,
-            _ => 0,
-        })
+        .map(|(.., total)| *total)
         .sum()
 }

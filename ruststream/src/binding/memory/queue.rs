@@ -158,6 +158,10 @@ impl State {
             if self.cursor > at {
                 self.cursor -= 1;
             }
+            if self.lanes.len() == 1 {
+                // Back to one peer: the next multi-peer round starts fresh.
+                self.round = Round::default();
+            }
         }
         if self.cursor >= self.lanes.len() {
             self.cursor = 0;

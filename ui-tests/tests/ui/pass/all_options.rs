@@ -27,13 +27,30 @@ async fn delete(order: Order) {
     let _ = order.id;
 }
 
+#[subscriber(
+    "orders.audit",
+    queue_group = "audit",
+    receive_flow = false,
+    workers(4, by_key),
+    max_pending = 64,
+    max_pending_per_key = 8,
+    fail_fast,
+)]
+async fn audit(order: Order) {
+    let _ = order.id;
+}
+
 fn main() {
     let config = ruststream::Subscriber::config(&confirm {});
     assert_eq!(config.subject(), "orders.created");
     assert_eq!(config.get_max_attempts(), 5);
+    assert!(config.get_receive_flow(), "queue-group subscribers are request/reply sources");
+    assert!(!ruststream::Subscriber::config(&audit {}).get_receive_flow());
+    assert!(!ruststream::Subscriber::config(&delete {}).get_receive_flow());
     let _app = App::new()
         .broker(MemoryBroker::new())
         .subscriber(confirm)
         .subscriber(update)
-        .subscriber(delete);
+        .subscriber(delete)
+        .subscriber(audit);
 }
