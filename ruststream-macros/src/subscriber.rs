@@ -94,7 +94,7 @@ fn parse_args(args: TokenStream) -> darling::Result<Args> {
         && !matches!(lit, syn::Lit::Bool(_))
     {
         return Err(
-            darling::Error::custom("`receive_flow` takes `true` or `false`").with_span(lit)
+            darling::Error::custom("`receive_flow` takes `true` or `false`").with_span(lit),
         );
     }
     let by_key_workers = options.workers.as_ref().is_some_and(|w| w.by_key.is_some());
@@ -111,7 +111,7 @@ fn parse_args(args: TokenStream) -> darling::Result<Args> {
         }
         if **n == 0 {
             return Err(
-                darling::Error::custom(format!("`{name}` must be at least 1")).with_span(&n.span())
+                darling::Error::custom(format!("`{name}` must be at least 1")).with_span(&n.span()),
             );
         }
     }

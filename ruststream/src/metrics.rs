@@ -50,12 +50,16 @@ pub const PRESSURE_PAUSED_SECONDS: &str = "ruststream_pressure_paused_seconds";
 /// Requests refused by an owner FIFO's structural limit (JQ-21).
 pub const STRUCTURAL_REJECTS: &str = "ruststream_structural_rejects_total";
 
-pub(crate) fn jobs_in_use(in_use: usize) {
-    metrics::gauge!(JOBS_IN_USE).set(in_use as f64);
+/// The handle of [`JOBS_IN_USE`], registered once per job queue: a per-permit
+/// update through the facade's key lookup cost more than the permit itself.
+/// (Install the recorder before starting the app, as with every recorder.)
+pub(crate) fn jobs_in_use() -> metrics::Gauge {
+    metrics::gauge!(JOBS_IN_USE)
 }
 
-pub(crate) fn job_waiters(waiters: usize) {
-    metrics::gauge!(JOB_WAITERS).set(waiters as f64);
+/// The handle of [`JOB_WAITERS`], registered once per job queue.
+pub(crate) fn job_waiters() -> metrics::Gauge {
+    metrics::gauge!(JOB_WAITERS)
 }
 
 pub(crate) fn paused_seconds(total: std::time::Duration) {

@@ -16,9 +16,13 @@
 //! Every subscriber loop takes a permit before it takes a record from its
 //! binding; the permit travels with the record (worker mailbox, owner FIFO,
 //! thread ring) and returns right before the handler body starts, or after
-//! a malformed or rejected record's bounded processing (JQ-4). Not wired yet:
-//! the memory Core's remote-pause switch (sources register no
-//! [`ReceiveFlow`] so far) and fair multi-source receive (JQ-12).
+//! a malformed or rejected record's bounded processing (JQ-4).
+//!
+//! Request/reply sources (queue-group subscribers unless configured
+//! otherwise) register their binding's [`ReceiveFlow`] switch when they
+//! start; PAUSED/RUNNING is applied to them only (JQ-15). Fair multi-source
+//! receive (JQ-12) lives where several connections meet: in the binding's
+//! receive queue (the memory Core reads its per-peer lanes in rounds).
 
 mod permits;
 mod pressure;

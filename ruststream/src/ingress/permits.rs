@@ -82,6 +82,8 @@ pub struct JobQueue {
     /// Mirror of the tracker's state, for the lock-free fast path.
     paused: AtomicBool,
     tracker: Mutex<Tracker>,
+    in_use_gauge: ::metrics::Gauge,
+    waiters_gauge: ::metrics::Gauge,
 }
 
 impl std::fmt::Debug for JobQueue {
@@ -119,6 +121,8 @@ impl JobQueue {
             in_use: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
             paused: AtomicBool::new(false),
+            in_use_gauge: metrics::jobs_in_use(),
+            waiters_gauge: metrics::job_waiters(),
             tracker: Mutex::new(Tracker {
                 state: PressureState::Running,
                 epoch: 1,
@@ -142,8 +146,8 @@ impl JobQueue {
             permit.forget();
         } else {
             let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
-            metrics::job_waiters(waiters);
-            let _waiting = Waiting(&self.waiters);
+            self.waiters_gauge.set(waiters as f64);
+            let _waiting = Waiting(self);
             match self.permits.acquire().await {
                 Ok(permit) => permit.forget(),
                 Err(_) => unreachable!("the job queue's semaphore is never closed"),
@@ -166,7 +170,7 @@ impl JobQueue {
 
     fn taken(&self) {
         let in_use = self.in_use.fetch_add(1, Ordering::AcqRel) + 1;
-        metrics::jobs_in_use(in_use);
+        self.in_use_gauge.set(in_use as f64);
         if !self.paused.load(Ordering::Acquire) && in_use >= self.thresholds.pause {
             self.recompute();
         }
@@ -175,7 +179,7 @@ impl JobQueue {
     fn release(&self) {
         let in_use = self.in_use.fetch_sub(1, Ordering::AcqRel) - 1;
         self.permits.add_permits(1);
-        metrics::jobs_in_use(in_use);
+        self.in_use_gauge.set(in_use as f64);
         if self.paused.load(Ordering::Acquire) && in_use <= self.thresholds.resume {
             self.recompute();
         }
@@ -270,12 +274,12 @@ impl JobQueue {
     }
 }
 
-struct Waiting<'a>(&'a AtomicUsize);
+struct Waiting<'a>(&'a JobQueue);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let waiters = self.0.fetch_sub(1, Ordering::Relaxed) - 1;
-        metrics::job_waiters(waiters);
+        let waiters = self.0.waiters.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.0.waiters_gauge.set(waiters as f64);
     }
 }
 

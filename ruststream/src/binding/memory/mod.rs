@@ -8,6 +8,12 @@
 //!   ([`CoreHwm`], JQ-1/JQ-3); a publish into a full queue waits for space until
 //!   its deadline, then fails with [`Error::DeadlineExceeded`] (JQ-19). Waiter
 //!   slots are bounded; nothing is dropped to make room, nothing polls.
+//! * Each queue keeps one lane per publishing connection, with its own HWM
+//!   budget, read in fair rounds (JQ-12): a flooding connection never starves
+//!   the others ([`MemoryBroker::connect`], [`ReceiveRound`]).
+//! * Request/reply sources ([`SubscribeOptions::receive_flow`]) expose a
+//!   receive-flow switch: while paused, publishers wait as for a full queue
+//!   (JQ-15); [`MemoryBroker::queues`] shows the state.
 //! * `nack` (and dropping a delivery unsettled) redelivers with attempt + 1;
 //!   `reject` goes to the subscription's dead-letter subject, else is dropped
 //!   with a warning.
@@ -285,6 +291,7 @@ impl Inner {
     ///
     /// `conn` is the publishing connection, checked first (a closed one
     /// refuses); internal publishes (dead-lettering, requests) pass `None`.
+    #[inline]
     pub(crate) fn publish<'a, 's>(
         &'a self,
         conn: Option<&'a Connection>,
@@ -640,6 +647,7 @@ impl Broker for MemoryBroker {
     }
 
     // Not an `async fn`: the publish future itself, with no wrapper around it.
+    #[inline]
     fn publish_message(
         &self,
         subject: &str,

@@ -80,14 +80,17 @@ impl Lane {
         }
     }
 
-    fn pop(&mut self) -> Option<Envelope> {
+    /// The head frame and its charged bytes.
+    #[inline]
+    fn pop(&mut self) -> Option<(Envelope, usize)> {
         let env = self.items.pop_front()?;
-        self.bytes -= env.frame_bytes();
+        let len = env.frame_bytes();
+        self.bytes -= len;
         if self.items.is_empty() && self.items.capacity() > SHRINK_ABOVE {
             // Give a burst's memory back once it has drained.
             self.items.shrink_to(SHRINK_ABOVE);
         }
-        Some(env)
+        Some((env, len))
     }
 }
 
@@ -112,7 +115,20 @@ struct State {
 
 impl State {
     /// The lane of `peer`, made if needed.
+    #[inline]
     fn lane(&mut self, peer: u64) -> &mut Lane {
+        if let [only] = &mut self.lanes[..]
+            && (only.peer == peer || only.items.is_empty())
+        {
+            // The common case: one peer (or an empty queue) — no search.
+            only.peer = peer;
+            return &mut self.lanes[0];
+        }
+        self.other_lane(peer)
+    }
+
+    #[cold]
+    fn other_lane(&mut self, peer: u64) -> &mut Lane {
         let at = match self.lanes.iter().position(|l| l.peer == peer) {
             Some(at) => at,
             None if self.lanes.len() == 1 && self.lanes[0].items.is_empty() => {
@@ -127,23 +143,30 @@ impl State {
         &mut self.lanes[at]
     }
 
-    /// Takes the next frame in fair order (JQ-12).
-    fn pop(&mut self, budget: &ReceiveRound) -> Option<Envelope> {
-        if self.lanes.len() == 1 {
+    /// Takes the next frame in fair order (JQ-12), with its charged bytes.
+    #[inline]
+    fn pop(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize)> {
+        if let [only] = &mut self.lanes[..] {
             // One peer: rounds change nothing, so they cost nothing.
-            return self.lanes[0].pop();
+            return only.pop();
         }
+        self.pop_fair(budget)
+    }
+
+    // Out of line: the one-peer path stays small.
+    #[inline(never)]
+    fn pop_fair(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize)> {
         let n = self.lanes.len();
         let at = (0..n)
             .map(|k| (self.cursor + k) % n)
             .find(|&at| !self.lanes[at].items.is_empty())?;
         // An empty lane passes the round on to the next one.
         self.cursor = at;
-        let env = self.lanes[at].pop()?;
+        let (env, len) = self.lanes[at].pop()?;
         let now = Instant::now();
         let round = &mut self.round;
         round.records += 1;
-        round.bytes += env.frame_bytes();
+        round.bytes += len;
         let started = *round.started.get_or_insert(now);
         if round.records >= ROUND_RECORDS
             || round.bytes >= budget.bytes
@@ -166,7 +189,7 @@ impl State {
         if self.cursor >= self.lanes.len() {
             self.cursor = 0;
         }
-        Some(env)
+        Some((env, len))
     }
 }
 
@@ -385,9 +408,9 @@ impl Queue {
     /// `Some(Some(frame))`, `Some(None)` when closed, `None` when empty.
     pub(crate) fn try_pop(&self) -> Option<Option<Envelope>> {
         let mut state = self.lock();
-        if let Some(env) = state.pop(&self.round) {
+        if let Some((env, len)) = state.pop(&self.round) {
             drop(state);
-            self.shared.release(env.frame_bytes());
+            self.shared.release(len);
             return Some(Some(env));
         }
         state.closed.then_some(None)

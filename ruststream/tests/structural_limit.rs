@@ -1,0 +1,103 @@
+//! JQ-24 item 16: an owner's structural reject and the shared-cap wait are
+//! distinguishable by error and by metric. Alone in its test binary: metrics
+//! are process-global, and no other app may move the gauges it reads.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Gate, counter, install_metrics, observe, until, within};
+use ruststream::ingress::JobQueueSettings;
+use ruststream::prelude::*;
+use ruststream::{Envelope, Error, QueueStats, metrics, reply_result};
+
+fn queue(broker: &MemoryBroker, subject: &str) -> QueueStats {
+    broker
+        .queues()
+        .into_iter()
+        .find(|q| q.subject.as_str() == subject)
+        .unwrap_or_else(|| panic!("a queue for {subject}"))
+}
+
+static P16_GATE: Gate = Gate::new();
+
+#[subscriber("p16.in", workers(2, by_key), max_pending_per_key = 2)]
+async fn p16_keyed(_b: Bytes) -> String {
+    P16_GATE.pass().await;
+    "done".to_owned()
+}
+
+fn p16_request(
+    broker: &MemoryBroker,
+    key: &str,
+    timeout: Duration,
+) -> impl Future<Output = ruststream::Result<Envelope>> + use<> {
+    let broker = broker.clone();
+    let message = Message::new(key.to_owned()).with_key(key.to_owned());
+    async move {
+        broker
+            .request_message("p16.in", message, timeout)
+            .await
+            .and_then(reply_result)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jq24_16_structural_reject_and_shared_cap_wait_are_distinguishable() {
+    install_metrics();
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .job_queue(JobQueueSettings::default().max_queued_jobs(3))
+        .subscriber(p16_keyed)
+        .start()
+        .await
+        .unwrap();
+    let long = Duration::from_secs(10);
+    // Key a: one running, one queued: its owner FIFO is at its limit of 2.
+    let a1 = tokio::spawn(p16_request(&broker, "a", long));
+    let a2 = tokio::spawn(p16_request(&broker, "a", long));
+    until(5, "a#2 queued behind a#1", || {
+        queue(&broker, "p16.in").queued == 0 && running.pressure().in_use == 2
+    })
+    .await;
+
+    // Structural: the third request for key a is refused at once.
+    let refused = within(5, "the structural refusal", p16_request(&broker, "a", long)).await;
+    assert!(
+        matches!(&refused, Err(Error::StructuralLimit(_))),
+        "{refused:?}"
+    );
+    assert_eq!(counter(metrics::STRUCTURAL_REJECTS, "subject", "p16.in"), 1);
+
+    // Shared cap: b runs on the second worker, c and d queue with two more
+    // permits, and the loop waits for a fourth. A request for e is simply
+    // not received: its caller times out, nothing is refused.
+    let b1 = tokio::spawn(p16_request(&broker, "b", long));
+    let c1 = tokio::spawn(p16_request(&broker, "c", long));
+    let d1 = tokio::spawn(p16_request(&broker, "d", long));
+    until(5, "all permits in use and the loop waiting", || {
+        let p = running.pressure();
+        p.in_use == 3 && p.waiters == 1
+    })
+    .await;
+    let waited = p16_request(&broker, "e", Duration::from_millis(200)).await;
+    assert!(matches!(&waited, Err(Error::Timeout(_))), "{waited:?}");
+    let seen = observe();
+    assert_eq!(seen.gauge(metrics::JOB_WAITERS), 1.0);
+    assert_eq!(seen.gauge(metrics::JOBS_IN_USE), 3.0);
+    assert_eq!(
+        counter(metrics::STRUCTURAL_REJECTS, "subject", "p16.in"),
+        1,
+        "a shared-cap wait is not a structural reject"
+    );
+
+    P16_GATE.open();
+    for task in [a1, a2, b1, c1, d1] {
+        let reply = within(5, "a queued request's reply", task).await.unwrap();
+        assert_eq!(reply.unwrap().payload(), "done");
+    }
+    let app = running.handle().clone();
+    running.shutdown().await.unwrap();
+    assert_eq!(app.pressure().in_use, 0, "no permit leaked");
+}
