@@ -119,6 +119,23 @@ impl<R: CtxRuntime> Ctx<R> {
         self.follow_ups.retry_after(delay);
     }
 
+    /// A [`Publisher`](crate::Publisher) on the app's first broker of type
+    /// `B`, for sending from a handler.
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// #[subscriber("orders")]
+    /// async fn confirm(id: u64, ctx: Ctx) -> Result<(), HandlerError> {
+    ///     let out = ctx.publisher::<MemoryBroker>().expect("registered");
+    ///     out.publish("orders.confirmed", &id).await?;
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn publisher<B: crate::Broker>(&self) -> Option<crate::Publisher<B>> {
+        self.follow_ups.app.publisher::<B>()
+    }
+
     /// The shared state of type `T` registered with
     /// [`App::state`](crate::App::state).
     pub fn state<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {

@@ -48,6 +48,7 @@ mod message;
 pub mod metrics;
 mod pipeline;
 mod publish;
+mod publisher;
 mod subscriber;
 mod tasks;
 mod text;
@@ -70,6 +71,7 @@ pub use error::{BoxError, Error, HandlerError, Result};
 pub use exec::key_hash;
 pub use message::{Envelope, FRAME_OVERHEAD, Headers, Message, header};
 pub use publish::{Publish, reply_result};
+pub use publisher::Publisher;
 pub use subscriber::{Mode, Outcome, Scope, SendSubscriber, State, Subscriber, SubscriberConfig};
 pub use text::Text;
 
@@ -79,7 +81,7 @@ pub use ruststream_macros::{app, subscriber};
 pub mod prelude {
     pub use crate::{
         App, Broker, Ctx, Delivery, HandlerError, MainRuntime, MemoryBroker, Message, Publish,
-        Requester, RunningApp, State, Subscription, subscriber,
+        Publisher, Requester, RunningApp, State, Subscription, subscriber,
     };
     pub use bytes::Bytes;
     pub use serde::{Deserialize, Serialize};

@@ -10,9 +10,11 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-use crate::Envelope;
+use super::register::ErasedBroker;
+use crate::binding::Broker;
 use crate::exec::stop::Stop;
 use crate::ingress::{JobQueue, JobQueueSettings, Pressure};
+use crate::{Envelope, Publisher};
 
 /// The app's after-ack hook (RT-8).
 pub(crate) type AfterAck =
@@ -40,6 +42,8 @@ struct Inner {
     flush_retries: Stop,
     /// Asks the app to shut down (fail-fast, `RunningApp::shutdown`).
     shutdown: Stop,
+    /// Every registered broker, for typed publisher lookups.
+    brokers: Vec<Arc<dyn ErasedBroker>>,
 }
 
 impl std::fmt::Debug for AppHandle {
@@ -57,6 +61,7 @@ impl AppHandle {
         state: StateMap,
         after_ack: Option<AfterAck>,
         jobs: &JobQueueSettings,
+        brokers: Vec<Arc<dyn ErasedBroker>>,
     ) -> crate::Result<Self> {
         Ok(AppHandle {
             inner: Arc::new(Inner {
@@ -67,6 +72,7 @@ impl AppHandle {
                 jobs: JobQueue::new(jobs)?,
                 flush_retries: Stop::default(),
                 shutdown: Stop::default(),
+                brokers,
             }),
         })
     }
@@ -74,6 +80,27 @@ impl AppHandle {
     /// The job queue.
     pub(crate) fn jobs(&self) -> &Arc<JobQueue> {
         &self.inner.jobs
+    }
+
+    /// A [`Publisher`] on the first registered broker of type `B`, or `None`
+    /// when the app has none.
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let running = App::new().broker(MemoryBroker::new()).start().await?;
+    /// let out = running.publisher::<MemoryBroker>().expect("a memory broker");
+    /// out.publish("greetings", &"hi").await?;
+    /// running.shutdown().await?;
+    /// # Ok::<_, ruststream::Error>(()) }).unwrap();
+    /// ```
+    pub fn publisher<B: Broker>(&self) -> Option<Publisher<B>> {
+        self.inner
+            .brokers
+            .iter()
+            .find_map(|b| b.as_any().downcast_ref::<B>())
+            .map(|b| Publisher::new(b.clone()))
     }
 
     /// Job-queue pressure: state, permits in use, pauses (JQ-14).

@@ -253,12 +253,13 @@ impl<B: Broker> App<B> {
     /// runtime. When this returns, every subscription is open: messages
     /// published from now on are received.
     pub async fn start(self) -> Result<RunningApp> {
+        let app = AppHandle::new(self.state, self.after_ack, &self.jobs, self.brokers.clone())?;
         RunningApp::start(Parts {
             brokers: self.brokers,
             units: self.units,
             layers: self.layers.into(),
             hooks: self.hooks,
-            app: AppHandle::new(self.state, self.after_ack, &self.jobs)?,
+            app,
             shutdown_timeout: self.shutdown_timeout,
         })
         .await

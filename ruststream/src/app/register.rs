@@ -24,11 +24,17 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) trait ErasedBroker: Send + Sync {
     fn name(&self) -> &'static str;
     fn close(&self) -> BoxFuture<'_, Result<()>>;
+    /// For typed lookups ([`AppHandle::publisher`]).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 impl<B: Broker> ErasedBroker for B {
     fn name(&self) -> &'static str {
         Broker::name(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn close(&self) -> BoxFuture<'_, Result<()>> {

@@ -125,6 +125,12 @@ impl RunningApp {
         self.app.pressure()
     }
 
+    /// A [`Publisher`](crate::Publisher) on the first registered broker of
+    /// type `B` (see [`AppHandle::publisher`]).
+    pub fn publisher<B: crate::Broker>(&self) -> Option<crate::Publisher<B>> {
+        self.app.publisher::<B>()
+    }
+
     /// The app as handlers see it: shared state, shutdown requests.
     pub fn handle(&self) -> &AppHandle {
         &self.app
