@@ -24,7 +24,8 @@ pub fn app(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Marks an `async fn` as a message handler.
 ///
 /// `#[subscriber("subject", queue_group = "g", dead_letter = "s.dlq",
-/// max_attempts = 3, codec = path::To::Codec, fail_fast, receive_flow = bool)]`,
+/// max_attempts = 3, codec = path::To::Codec, fail_fast, receive_flow = bool,
+/// max_message_size = bytes)]`,
 /// plus an execution mode: `workers(n)`, `workers(n, by_key)`,
 /// `workers(n, by_key = key_fn)` (with `max_pending = n` and
 /// `max_pending_per_key = n`), `threads(n)`, `threads(n, by_key)`. Each argument

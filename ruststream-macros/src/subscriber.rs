@@ -22,6 +22,7 @@ const VALID: &[&str] = &[
     "max_pending_per_key",
     "fail_fast",
     "receive_flow",
+    "max_message_size",
 ];
 
 #[derive(Default, FromMeta)]
@@ -36,6 +37,7 @@ struct SubscriberArgs {
     max_pending_per_key: Option<SpannedValue<usize>>,
     fail_fast: darling::util::Flag,
     receive_flow: Option<syn::Lit>,
+    max_message_size: Option<SpannedValue<usize>>,
 }
 
 struct Args {
@@ -95,6 +97,13 @@ fn parse_args(args: TokenStream) -> darling::Result<Args> {
     {
         return Err(
             darling::Error::custom("`receive_flow` takes `true` or `false`").with_span(lit),
+        );
+    }
+    if let Some(n) = &options.max_message_size
+        && **n == 0
+    {
+        return Err(
+            darling::Error::custom("`max_message_size` must be at least 1").with_span(&n.span()),
         );
     }
     let by_key_workers = options.workers.as_ref().is_some_and(|w| w.by_key.is_some());
@@ -326,6 +335,10 @@ fn generate(
     }
     if options.fail_fast.is_present() {
         config.extend(quote!(.fail_fast(true)));
+    }
+    if let Some(n) = &options.max_message_size {
+        let n = **n;
+        config.extend(quote!(.max_message_size(#n)));
     }
     if let Some(on) = &options.receive_flow {
         config.extend(quote!(.receive_flow(#on)));

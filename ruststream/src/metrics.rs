@@ -4,6 +4,8 @@
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
 //! | `ruststream_malformed_total` | counter | `subject` | payloads that failed decode and never reached a handler (JQ-13) |
+//! | `ruststream_oversized_total` | counter | `subject` | messages over the subscriber's `max_message_size`, refused before decode (JQ-20) |
+//! | `ruststream_late_replies_total` | counter | `binding` | replies that arrived after their request ended (first terminal wins; JQ-17) |
 //! | `ruststream_handler_errors_total` | counter | `subject` | handler errors and panics |
 //! | `ruststream_rejected_total` | counter | `subject` | deliveries rejected (dead-lettered or dropped) |
 //! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` (JQ-19) |
@@ -21,6 +23,19 @@ use crate::Text;
 
 /// Payloads that failed decode (JQ-13).
 pub const MALFORMED: &str = "ruststream_malformed_total";
+/// Messages over `max_message_size` (JQ-20).
+pub const OVERSIZED: &str = "ruststream_oversized_total";
+/// Replies that arrived after their request had ended.
+pub const LATE_REPLIES: &str = "ruststream_late_replies_total";
+
+pub(crate) fn oversized(subject: &Text) {
+    metrics::counter!(OVERSIZED, "subject" => subject.to_string()).increment(1);
+}
+
+pub(crate) fn late_reply(binding: &'static str) {
+    metrics::counter!(LATE_REPLIES, "binding" => binding).increment(1);
+}
+
 /// Handler errors and panics.
 pub const HANDLER_ERRORS: &str = "ruststream_handler_errors_total";
 /// Rejected deliveries.

@@ -53,6 +53,9 @@ pub(crate) enum Early {
     Layer(Verdict),
     /// The payload did not decode (JQ-13).
     Malformed(BoxError),
+    /// Headers + payload exceed the subscriber's `max_message_size` (JQ-20):
+    /// refused before decode.
+    Oversized(usize),
 }
 
 /// Runs one handler future, with panics caught, and its settlement, unless
@@ -148,6 +151,10 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     #[inline]
     pub(crate) fn check<D: Delivery>(&self, delivery: &D) -> Checked<S::Body> {
         let env = delivery.envelope();
+        let size = env.frame_bytes() - crate::FRAME_OVERHEAD;
+        if size > self.config.max_message_size {
+            return Checked::Early(Early::Oversized(size));
+        }
         if let Some(delay) = env.retry_delay() {
             return Checked::Early(Early::RetryDelay(delay));
         }
@@ -186,6 +193,14 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 self.settled(delivery.reject(&reason).await);
             }
             Early::Malformed(err) => self.malformed(delivery, err).await,
+            Early::Oversized(size) => {
+                metrics::oversized(&self.config.subject);
+                let err = format!(
+                    "message of {size} bytes (headers + payload) exceeds max_message_size {}",
+                    self.config.max_message_size
+                );
+                self.refused(delivery, err.into()).await;
+            }
         }
     }
 
@@ -254,14 +269,22 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// request gets a `protocol-error` reply; the message is rejected (to the
     /// dead-letter subject when configured), logged and counted.
     async fn malformed<D: Delivery>(&self, delivery: D, err: BoxError) {
-        let env = delivery.envelope();
         metrics::malformed(&self.config.subject);
+        self.refused(delivery, format!("malformed payload: {err}").into())
+            .await;
+    }
+
+    /// A record refused before decode (malformed, oversized): a request
+    /// caller gets `Error::Protocol`, a one-way message is rejected and only
+    /// recorded (JQ-13, JQ-20). The handler never sees it.
+    async fn refused<D: Delivery>(&self, delivery: D, err: BoxError) {
+        let env = delivery.envelope();
         tracing::warn!(
             subject = %env.subject(),
             error = %err,
-            "malformed payload rejected before the handler"
+            "payload refused before the handler"
         );
-        let reason = format!("malformed payload: {err}");
+        let reason = err.to_string();
         self.reply(&delivery, error_reply(&reason), "protocol-error")
             .await;
         metrics::rejected(&self.config.subject);

@@ -36,6 +36,7 @@ pub struct SubscriberConfig {
     pub(crate) max_pending_per_key: Option<usize>,
     pub(crate) fail_fast: bool,
     pub(crate) receive_flow: Option<bool>,
+    pub(crate) max_message_size: usize,
 }
 
 /// How a subscriber's deliveries are scheduled (RT-2 … RT-5).
@@ -68,6 +69,10 @@ impl SubscriberConfig {
     /// Default number of deliveries before a failing message is rejected.
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 
+    /// Default largest message (headers + payload) a subscriber accepts:
+    /// 64 KiB (JQ-20).
+    pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 * 1024;
+
     /// Default `max_pending` per worker of a by-key subscriber.
     pub const DEFAULT_PENDING_PER_WORKER: usize = 16;
 
@@ -83,6 +88,7 @@ impl SubscriberConfig {
             max_pending_per_key: None,
             fail_fast: false,
             receive_flow: None,
+            max_message_size: Self::DEFAULT_MAX_MESSAGE_SIZE,
         }
     }
 
@@ -168,6 +174,16 @@ impl SubscriberConfig {
         self
     }
 
+    /// Largest message (headers + payload, in bytes) this subscriber accepts
+    /// (default 64 KiB; JQ-20). A larger one is refused before decode: a
+    /// request caller gets [`Error::Protocol`](crate::Error::Protocol), a
+    /// one-way message is rejected (dead-lettered where configured) and
+    /// counted in `ruststream_oversized_total`. The handler never sees it.
+    pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.max_message_size = bytes;
+        self
+    }
+
     /// The subject.
     pub fn subject(&self) -> &Text {
         &self.subject
@@ -200,6 +216,7 @@ impl SubscriberConfig {
             Mode::Workers { n: 0, .. } => bad("workers(n) needs n >= 1"),
             Mode::Threads { n: 0, .. } => bad("threads(n) needs n >= 1"),
             _ if self.max_pending == Some(0) => bad("max_pending must be at least 1"),
+            _ if self.max_message_size == 0 => bad("max_message_size must be at least 1"),
             _ if self.max_pending_per_key == Some(0) => {
                 bad("max_pending_per_key must be at least 1")
             }

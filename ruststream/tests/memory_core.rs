@@ -81,7 +81,7 @@ async fn fan_out_gives_every_subscription_every_message_queue_group_shares_them(
 }
 
 #[tokio::test(start_paused = true)]
-async fn full_hwm_publish_waits_then_fails_with_deadline_exceeded_and_drops_nothing() {
+async fn jq24_18_full_hwm_pushes_backpressure_to_the_sender_and_drops_nothing() {
     // Two frames fit the budget, the third does not.
     let broker = MemoryBroker::builder()
         .hwm(CoreHwm::default().budget_bytes(frame(40) * 5 / 2))
@@ -173,7 +173,7 @@ async fn waiting_publish_lands_once_space_frees() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn full_waiter_slots_fail_at_once() {
+async fn jq24_15_full_waiter_slots_fail_at_once() {
     let broker = MemoryBroker::builder()
         .hwm(CoreHwm::default().budget_bytes(frame(10)))
         .max_publish_waiters(1)

@@ -84,7 +84,7 @@ async fn strict(order: Order) -> Order {
 }
 
 #[tokio::test]
-async fn jq13_malformed_payload_never_reaches_the_handler() {
+async fn jq24_10_malformed_payload_never_reaches_the_handler() {
     install_metrics();
     let broker = MemoryBroker::new();
     let mut dlq = broker

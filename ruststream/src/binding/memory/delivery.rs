@@ -56,6 +56,71 @@ impl Subscription for MemorySubscription {
     }
 }
 
+impl MemorySubscription {
+    /// A requester whose replies come back through this subscription's own
+    /// receive FIFO: the single-lane request/reply mode (ClientServer
+    /// DEALER-ROUTER in the spec). Data queued before a reply is received
+    /// first, each record through the ordinary receive path; the reply
+    /// itself completes its caller when it reaches the head, without a
+    /// permit, and never shows up as a delivery (JQ-24 items 6, 20).
+    ///
+    /// [`MemoryBroker`](super::MemoryBroker)'s own
+    /// [`request_message`](crate::Requester::request_message) is the
+    /// two-lane mode: replies come back on a dedicated completion lane.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ruststream::prelude::*;
+    /// use ruststream::SubscribeOptions;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = MemoryBroker::new();
+    /// let mut service = server.subscribe(SubscribeOptions::new("echo")).await?;
+    /// let client = server.connect();
+    /// let inbox = client.subscribe(SubscribeOptions::new("client.data")).await?;
+    /// let requester = inbox.requester();
+    ///
+    /// let call = tokio::spawn(async move {
+    ///     requester.request_message("echo", Message::new("hi"), Duration::from_secs(5)).await
+    /// });
+    /// let request = service.next().await.unwrap();
+    /// let reply_to = request.envelope().reply_to().unwrap().clone();
+    /// server.publish_message(&reply_to, Message::new("hi back"), None).await?;
+    /// request.ack().await?;
+    /// assert_eq!(call.await.unwrap()?.payload(), "hi back".as_bytes());
+    /// # Ok::<_, ruststream::Error>(()) }).unwrap();
+    /// ```
+    pub fn requester(&self) -> LaneRequester {
+        self.queue.carry_replies();
+        let broker = self
+            .broker
+            .upgrade()
+            .inspect(|inner| {
+                inner
+                    .reply_lanes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(self.queue.id, Arc::downgrade(&self.queue));
+            })
+            .map(|inner| super::MemoryBroker {
+                inner,
+                conn: Arc::clone(&self.conn),
+            });
+        LaneRequester {
+            broker,
+            lane: self.queue.id,
+        }
+    }
+}
+
+/// Requests whose replies share a subscription's receive FIFO (see
+/// [`MemorySubscription::requester`]).
+#[derive(Clone)]
+pub struct LaneRequester {
+    pub(super) broker: Option<super::MemoryBroker>,
+    pub(super) lane: u64,
+}
+
 impl Drop for MemorySubscription {
     fn drop(&mut self) {
         if let Some(flow) = &self.flow {

@@ -50,7 +50,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-pub use delivery::{MemoryDelivery, MemorySubscription};
+pub use delivery::{LaneRequester, MemoryDelivery, MemorySubscription};
 
 use self::queue::{MemberFlow, Queue, Refused};
 pub use self::queue::{QueueStats, ROUND_RECORDS, ReceiveRound};
@@ -117,6 +117,9 @@ pub(crate) struct Inner {
     inbox_prefix: String,
     next_inbox: AtomicU64,
     inbox: Mutex<HashMap<u64, oneshot::Sender<Envelope>>>,
+    /// Single-lane reply queues by queue id (see [`MemorySubscription::requester`]).
+    reply_lanes: Mutex<HashMap<u64, std::sync::Weak<Queue>>>,
+    next_queue: AtomicU64,
 }
 
 /// Settings for a [`MemoryBroker`].
@@ -195,6 +198,8 @@ impl MemoryBrokerBuilder {
                 inbox_prefix: format!("_INBOX.{id}."),
                 next_inbox: AtomicU64::new(1),
                 inbox: Mutex::new(HashMap::new()),
+                reply_lanes: Mutex::new(HashMap::new()),
+                next_queue: AtomicU64::new(1),
             }),
             conn: Connection::open(),
         }
@@ -334,6 +339,34 @@ impl Inner {
         push_now(peer, targets.queues(), &subject, message)
             .map_err(|stall| stall.into_stalled(peer, || targets, &subject))
     }
+    /// The single-lane queue a reply to `{prefix}L<queue>.<id>` goes to.
+    fn reply_lane(&self, rest: &str) -> Option<Arc<Queue>> {
+        let queue = rest.split('.').next()?.parse::<u64>().ok()?;
+        self.reply_lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&queue)?
+            .upgrade()
+    }
+
+    fn forget_reply_lane(&self, queue: u64) {
+        self.reply_lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&queue);
+    }
+
+    /// A single-lane reply that reached the head of its queue: it completes
+    /// its caller without a permit (JQ-24 item 6).
+    pub(crate) fn complete_lane_reply(&self, env: Envelope) {
+        let subject = env.subject().clone();
+        let id = subject[self.inbox_prefix.len()..]
+            .split('.')
+            .nth(1)
+            .unwrap_or("");
+        self.complete(id, &subject, env.into_message());
+    }
+
     /// Completion supply (JQ-6): a reply goes straight to its waiting caller.
     /// A reply for a request that already ended is dropped: first terminal wins.
     fn complete(&self, id: &str, subject: &str, message: Message) {
@@ -347,7 +380,10 @@ impl Inner {
             Some(tx) => {
                 let _ = tx.send(Envelope::new(Text::from(subject), message));
             }
-            None => tracing::debug!(subject, "late or unknown reply dropped"),
+            None => {
+                crate::metrics::late_reply("memory");
+                tracing::debug!(subject, "late or unknown reply dropped");
+            }
         }
     }
 }
@@ -420,31 +456,59 @@ impl Future for Publish<'_, '_> {
                     && subject.starts_with(inner.inbox_prefix.as_str())
                 {
                     let PublishState::Start {
-                        subject, message, ..
+                        subject,
+                        message,
+                        deadline,
+                        ..
                     } = std::mem::replace(&mut this.state, PublishState::Done)
                     else {
                         unreachable!("in the start state")
                     };
-                    inner.complete(&subject[inner.inbox_prefix.len()..], subject, message);
-                    return Poll::Ready(Ok(()));
-                }
-                // Cooperative budget: a publisher that never has to wait still
-                // lets the other tasks of its runtime run.
-                ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
-                let PublishState::Start {
-                    subject,
-                    message,
-                    deadline,
-                    ..
-                } = std::mem::replace(&mut this.state, PublishState::Done)
-                else {
-                    unreachable!("in the start state")
-                };
-                match inner.publish_now(peer, subject, message) {
-                    Ok(()) => return Poll::Ready(Ok(())),
-                    Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
-                    Err(Stalled::Full(waiting)) => {
-                        this.state = PublishState::Waiting(Box::pin(waiting.wait(deadline)));
+                    let rest = &subject[inner.inbox_prefix.len()..];
+                    let Some(lane) = rest.strip_prefix('L') else {
+                        // Two-lane: the completion lane, straight to the caller.
+                        inner.complete(rest, subject, message);
+                        return Poll::Ready(Ok(()));
+                    };
+                    // Single-lane: the reply queues in the requester's own
+                    // FIFO, under its HWM and pause like any frame.
+                    let Some(queue) = inner.reply_lane(lane) else {
+                        crate::metrics::late_reply("memory");
+                        return Poll::Ready(Ok(()));
+                    };
+                    let subject = Text::from(subject);
+                    match push_now(peer, std::slice::from_ref(&queue), &subject, message) {
+                        Ok(()) => return Poll::Ready(Ok(())),
+                        Err(stall) => {
+                            match stall.into_stalled(peer, || Targets::Owned(vec![queue]), &subject)
+                            {
+                                Stalled::Failed(err) => return Poll::Ready(Err(err)),
+                                Stalled::Full(waiting) => {
+                                    this.state =
+                                        PublishState::Waiting(Box::pin(waiting.wait(deadline)));
+                                }
+                            }
+                        }
+                    }
+                } else {
+                    // Cooperative budget: a publisher that never has to wait
+                    // still lets the other tasks of its runtime run.
+                    ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+                    let PublishState::Start {
+                        subject,
+                        message,
+                        deadline,
+                        ..
+                    } = std::mem::replace(&mut this.state, PublishState::Done)
+                    else {
+                        unreachable!("in the start state")
+                    };
+                    match inner.publish_now(peer, subject, message) {
+                        Ok(()) => return Poll::Ready(Ok(())),
+                        Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
+                        Err(Stalled::Full(waiting)) => {
+                            this.state = PublishState::Waiting(Box::pin(waiting.wait(deadline)));
+                        }
                     }
                 }
             }
@@ -622,6 +686,8 @@ impl Broker for MemoryBroker {
             Some(queue) => queue,
             None => {
                 let queue = Arc::new(Queue::new(
+                    self.inner.next_queue.fetch_add(1, Ordering::Relaxed),
+                    Text::from(format!("{}L", self.inner.inbox_prefix)),
                     options.subject.clone(),
                     options.queue_group.clone(),
                     options.dead_letter.clone(),
@@ -690,8 +756,22 @@ impl Drop for InboxGuard<'_> {
 }
 
 impl Requester for MemoryBroker {
-    async fn request_message(
+    fn request_message(
         &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Envelope>> + Send {
+        self.request_via(None, subject, message, timeout)
+    }
+}
+
+impl MemoryBroker {
+    /// One request. `lane` is the single-lane queue its reply must come back
+    /// through; `None` is the two-lane completion path (JQ-6).
+    async fn request_via(
+        &self,
+        lane: Option<u64>,
         subject: &str,
         message: Message,
         timeout: Duration,
@@ -710,7 +790,10 @@ impl Requester for MemoryBroker {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, tx);
         let _guard = InboxGuard { inner, id };
-        let reply_to = format!("{}{id}", inner.inbox_prefix);
+        let reply_to = match lane {
+            None => format!("{}{id}", inner.inbox_prefix),
+            Some(queue) => format!("{}L{queue}.{id}", inner.inbox_prefix),
+        };
         inner
             .publish(
                 Some(&self.conn),
@@ -724,5 +807,26 @@ impl Requester for MemoryBroker {
             Ok(Err(_)) => Err(Error::Closed("memory broker closed before the reply")),
             Err(_) => Err(Error::Timeout(timeout)),
         }
+    }
+}
+
+impl LaneRequester {
+    /// Sends a request whose reply comes back through the subscription's own
+    /// receive FIFO (single-lane). The reply waits behind frames queued
+    /// before it and under the queue's HWM and pause; once it reaches the head
+    /// it completes this call without a job permit. A reply that arrives
+    /// after `timeout` is dropped: the first terminal result wins.
+    pub async fn request_message(
+        &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<Envelope> {
+        let Some(broker) = &self.broker else {
+            return Err(connection_closed());
+        };
+        broker
+            .request_via(Some(self.lane), subject, message, timeout)
+            .await
     }
 }

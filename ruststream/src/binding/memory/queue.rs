@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Poll;
 use std::time::Duration;
@@ -143,6 +143,39 @@ impl State {
         &mut self.lanes[at]
     }
 
+    /// Removes the single-lane replies at the head of every lane (they never
+    /// become deliveries), with the bytes they were charged.
+    #[cold]
+    fn take_head_replies(&mut self, prefix: &Text) -> (Vec<Envelope>, usize) {
+        let mut replies = Vec::new();
+        let mut bytes = 0;
+        for lane in &mut self.lanes {
+            while lane
+                .items
+                .front()
+                .is_some_and(|env| env.subject().starts_with(prefix.as_str()))
+            {
+                if let Some((reply, len)) = lane.pop() {
+                    bytes += len;
+                    replies.push(reply);
+                }
+            }
+        }
+        if self.lanes.len() > 1 {
+            let cursor_lane = self.lanes[self.cursor].peer;
+            self.lanes.retain(|lane| !lane.items.is_empty());
+            if self.lanes.is_empty() {
+                self.lanes.push(Lane::new(0));
+            }
+            self.cursor = self
+                .lanes
+                .iter()
+                .position(|lane| lane.peer == cursor_lane)
+                .unwrap_or(0);
+        }
+        (replies, bytes)
+    }
+
     /// Takes the next frame in fair order (JQ-12), with its charged bytes.
     #[inline]
     fn pop(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize)> {
@@ -194,6 +227,13 @@ impl State {
 }
 
 pub(crate) struct Queue {
+    /// Names the queue in single-lane reply subjects.
+    pub(crate) id: u64,
+    /// Set once a single-lane requester uses this queue: heads are then
+    /// checked for replies (JQ-24 item 6).
+    carries_replies: AtomicBool,
+    /// Subjects of single-lane replies start with this.
+    reply_prefix: Text,
     state: Mutex<State>,
     /// Consumers wait here; one notification per admitted frame.
     readable: Notify,
@@ -234,7 +274,10 @@ pub struct QueueStats {
 }
 
 impl Queue {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        id: u64,
+        reply_prefix: Text,
         subject: Text,
         group: Option<Text>,
         dead_letter: Option<Text>,
@@ -244,6 +287,9 @@ impl Queue {
         broker: Weak<super::Inner>,
     ) -> Self {
         Queue {
+            id,
+            carries_replies: AtomicBool::new(false),
+            reply_prefix,
             state: Mutex::new(State {
                 lanes: vec![Lane::new(0)],
                 cursor: 0,
@@ -294,6 +340,13 @@ impl Queue {
         if lane.bytes > 0 && lane.bytes + len > budget {
             return Err(Refused::Full(env));
         }
+        if lane.items.is_empty() && self.is_reply(&env) {
+            // A single-lane reply at the head: it bypasses the permit and
+            // completes its caller now, without ever being a delivery.
+            drop(state);
+            self.complete(env);
+            return Ok(());
+        }
         if !self.shared.charge(len) {
             return Err(Refused::Full(env));
         }
@@ -302,6 +355,22 @@ impl Queue {
         drop(state);
         self.readable.notify_one();
         Ok(())
+    }
+
+    fn is_reply(&self, env: &Envelope) -> bool {
+        self.carries_replies.load(Ordering::Relaxed)
+            && env.subject().starts_with(self.reply_prefix.as_str())
+    }
+
+    pub(crate) fn carry_replies(&self) {
+        self.carries_replies.store(true, Ordering::Relaxed);
+    }
+
+    fn complete(&self, reply: Envelope) {
+        match self.broker.upgrade() {
+            Some(broker) => broker.complete_lane_reply(reply),
+            None => crate::metrics::late_reply("memory"),
+        }
     }
 
     /// Admits `env`, waiting for space until `deadline` (JQ-19: refused →
@@ -409,6 +478,16 @@ impl Queue {
     pub(crate) fn try_pop(&self) -> Option<Option<Envelope>> {
         let mut state = self.lock();
         if let Some((env, len)) = state.pop(&self.round) {
+            if self.carries_replies.load(Ordering::Relaxed) {
+                // Replies that reached a head with this pop complete now.
+                let (replies, bytes) = state.take_head_replies(&self.reply_prefix);
+                drop(state);
+                self.shared.release(len + bytes);
+                for reply in replies {
+                    self.complete(reply);
+                }
+                return Some(Some(env));
+            }
             drop(state);
             self.shared.release(len);
             return Some(Some(env));
@@ -447,6 +526,11 @@ impl Queue {
     /// Closes the queue: consumers drain nothing more and see the end; frames
     /// still queued are released.
     pub(crate) fn close(&self) {
+        if self.carries_replies.load(Ordering::Relaxed)
+            && let Some(broker) = self.broker.upgrade()
+        {
+            broker.forget_reply_lane(self.id);
+        }
         let mut state = self.lock();
         state.closed = true;
         let bytes: usize = state.lanes.iter().map(|l| l.bytes).sum();

@@ -1,0 +1,219 @@
+//! The send side (JQ-18 … JQ-20, JQ-24 items 4 and 14): a refused send
+//! changes nothing, a waiting send holds no execution slot and no permit,
+//! and oversized messages are refused before decode.
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::{Gate, counter, frame, install_metrics, until, within};
+use ruststream::prelude::*;
+use ruststream::{CoreHwm, Error, QueueStats, SubscribeOptions, header, metrics};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+fn queue(broker: &MemoryBroker, subject: &str) -> QueueStats {
+    broker
+        .queues()
+        .into_iter()
+        .find(|q| q.subject.as_str() == subject)
+        .unwrap_or_else(|| panic!("a queue for {subject}"))
+}
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_millis(30)
+}
+
+// ---------------------------------------------------------------- item 4
+
+#[tokio::test]
+async fn jq24_4_a_refused_send_or_request_leaves_count_bytes_and_sequence_unchanged() {
+    let server = MemoryBroker::builder()
+        .hwm(CoreHwm::default().budget_bytes(3 * frame(1)))
+        .build();
+    let mut sub = server
+        .subscribe(SubscribeOptions::new("seq4"))
+        .await
+        .unwrap();
+    let out = Publisher::new(server.clone());
+    for seq in 0..3 {
+        out.send("seq4", Message::new(format!("{seq}")))
+            .await
+            .unwrap();
+    }
+    let before = queue(&server, "seq4");
+
+    let refused = out.send_until("seq4", Message::new("3"), soon()).await;
+    assert!(
+        matches!(refused, Err(Error::DeadlineExceeded(_))),
+        "{refused:?}"
+    );
+    let request = server
+        .request_message("seq4", Message::new("4"), Duration::from_millis(30))
+        .await;
+    assert!(
+        matches!(request, Err(Error::DeadlineExceeded(_))),
+        "a request refused admission fails with its deadline: {request:?}"
+    );
+    assert_eq!(queue(&server, "seq4"), before, "count and bytes unchanged");
+
+    // The sequence goes on from where it was: no phantom entry, no gap.
+    let mut seen = Vec::new();
+    let mut take = async || {
+        let d = within(5, "a queued frame", sub.next()).await.unwrap();
+        let text = String::from_utf8(d.envelope().payload().to_vec()).unwrap();
+        d.ack().await.unwrap();
+        text
+    };
+    seen.push(take().await);
+    out.send("seq4", Message::new("5")).await.unwrap();
+    for _ in 0..3 {
+        seen.push(take().await);
+    }
+    assert_eq!(seen, ["0", "1", "2", "5"]);
+    assert_eq!(queue(&server, "seq4").queued, 0);
+}
+
+// ---------------------------------------------------------------- item 14
+
+static S14_GATE: Gate = Gate::new();
+static S14_FREE_DONE: Notify = Notify::const_new();
+static S14_SENT: AtomicU32 = AtomicU32::new(0);
+
+#[subscriber("s14.in", workers(2))]
+async fn s14_handler(kind: String, ctx: Ctx) -> Result<(), HandlerError> {
+    if kind == "block" {
+        // The sink is full: this send waits for space …
+        let out = ctx.publisher::<MemoryBroker>().expect("registered");
+        out.send("s14.sink", Message::new("x")).await?;
+        S14_SENT.fetch_add(1, Ordering::SeqCst);
+    } else {
+        // … while other deliveries keep running.
+        S14_GATE.pass().await;
+        S14_FREE_DONE.notify_one();
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jq24_14_a_task_waiting_for_send_space_holds_no_execution_permission() {
+    let broker = MemoryBroker::builder()
+        .hwm(CoreHwm::default().budget_bytes(frame(1)))
+        .build();
+    let mut sink = broker
+        .subscribe(SubscribeOptions::new("s14.sink"))
+        .await
+        .unwrap();
+    broker
+        .publish_message("s14.sink", Message::new("f"), None)
+        .await
+        .unwrap();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(s14_handler)
+        .start()
+        .await
+        .unwrap();
+    broker
+        .publish_message("s14.in", Message::new("block"), None)
+        .await
+        .unwrap();
+    until(5, "the blocked send waits for space", || {
+        queue(&broker, "s14.in").queued == 0 && running.pressure().in_use == 1
+    })
+    .await;
+    // The waiting send holds no job permit (in use: only the loop's
+    // reservation) and no worker: another delivery runs to completion.
+    broker
+        .publish_message("s14.in", Message::new("free"), None)
+        .await
+        .unwrap();
+    S14_GATE.open();
+    within(5, "the other delivery completes", S14_FREE_DONE.notified()).await;
+    assert_eq!(
+        S14_SENT.load(Ordering::SeqCst),
+        0,
+        "still waiting for space"
+    );
+
+    // Space frees: the waiting send lands, once.
+    let first = within(5, "the sink's first frame", sink.next())
+        .await
+        .unwrap();
+    first.ack().await.unwrap();
+    let landed = within(5, "the waiting send", sink.next()).await.unwrap();
+    assert_eq!(landed.envelope().payload(), "x".as_bytes());
+    landed.ack().await.unwrap();
+    until(5, "the blocked handler finishes", || {
+        S14_SENT.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    running.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------- JQ-20
+
+static BIG_CALLS: AtomicU32 = AtomicU32::new(0);
+
+#[subscriber("big.in", max_message_size = 1024, dead_letter = "big.dlq")]
+async fn small_only(body: Bytes) -> String {
+    BIG_CALLS.fetch_add(1, Ordering::SeqCst);
+    format!("{} bytes", body.len())
+}
+
+#[tokio::test]
+async fn jq20_oversized_messages_are_refused_before_decode() {
+    install_metrics();
+    let broker = MemoryBroker::new();
+    let mut dlq = broker
+        .subscribe(SubscribeOptions::new("big.dlq"))
+        .await
+        .unwrap();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(small_only)
+        .start()
+        .await
+        .unwrap();
+    let client = Publisher::new(broker.clone());
+
+    // Headers count: 1,000 bytes of payload plus a 30-byte header is over.
+    let request = Message::new(vec![b'x'; 1000]).with_header("h", "v".repeat(29));
+    let err = client
+        .request_message("big.in", request, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Protocol(reason) => assert!(reason.contains("max_message_size 1024"), "{reason}"),
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    broker
+        .publish_message("big.in", Message::new(vec![b'x'; 2000]), None)
+        .await
+        .unwrap();
+    let dead = within(5, "the dead-lettered oversized message", dlq.next())
+        .await
+        .unwrap();
+    let reason = dead.envelope().headers().get(header::ERROR).unwrap();
+    assert!(reason.contains("exceeds max_message_size"), "{reason}");
+    dead.ack().await.unwrap();
+
+    // At the limit it passes.
+    let ok = client
+        .request_message(
+            "big.in",
+            Message::new(vec![b'x'; 1024]),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.payload(), "1024 bytes".as_bytes());
+    running.shutdown().await.unwrap();
+    assert_eq!(
+        BIG_CALLS.load(Ordering::SeqCst),
+        1,
+        "only the one that fits"
+    );
+    assert_eq!(counter(metrics::OVERSIZED, "subject", "big.in"), 2);
+}
