@@ -28,6 +28,7 @@ pub const NAMES: &[&str] = &[
     "consume-bykey4",
     "consume-threads4",
     "request-reply",
+    "request-reply-64",
     "publish-only",
     "raw-mpsc",
 ];
@@ -39,7 +40,8 @@ pub async fn run(name: &str, payloads: Arc<[Bytes]>) -> Option<Result<Measuremen
         "consume-workers4" => consume_workers4(payloads).await,
         "consume-bykey4" => consume_bykey4(payloads).await,
         "consume-threads4" => consume_threads4(payloads).await,
-        "request-reply" => request_reply(payloads).await,
+        "request-reply" => request_reply(payloads, 1).await,
+        "request-reply-64" => request_reply(payloads, 64).await,
         "publish-only" => publish_only(payloads).await,
         "raw-mpsc" => raw_mpsc(payloads).await,
         _ => return None,
@@ -134,9 +136,9 @@ async fn consume_threads4(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxErro
     Ok(t.start.until(t.consumed))
 }
 
-/// N sequential request/reply round trips from a spawned client task; the
-/// handler decodes the order and replies with its id.
-async fn request_reply(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
+/// N request/reply round trips from `callers` concurrent client tasks, each
+/// sequential; the handler decodes the order and replies with its id.
+async fn request_reply(payloads: Arc<[Bytes]>, callers: usize) -> Result<Measurement, BoxError> {
     #[subscriber("bench.rpc")]
     async fn handle(order: Order) -> u64 {
         order.touch();
@@ -148,21 +150,30 @@ async fn request_reply(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> 
         .subscriber(handle)
         .start()
         .await?;
-    let client = tokio::spawn(async move {
-        let start = Mark::now();
-        for payload in payloads.iter() {
-            let reply = broker
-                .request_message(
-                    "bench.rpc",
-                    Message::new(payload.clone()),
-                    Duration::from_secs(10),
-                )
-                .await?;
-            std::hint::black_box(reply.payload().len());
-        }
-        Ok::<_, BoxError>(start.until(Mark::now()))
-    });
-    let measured = client.await??;
+    let start = Mark::now();
+    let clients: Vec<JoinHandle<Result<(), BoxError>>> = (0..callers)
+        .map(|caller| {
+            let broker = broker.clone();
+            let payloads = Arc::clone(&payloads);
+            tokio::spawn(async move {
+                for payload in payloads.iter().skip(caller).step_by(callers) {
+                    let reply = broker
+                        .request_message(
+                            "bench.rpc",
+                            Message::new(payload.clone()),
+                            Duration::from_secs(10),
+                        )
+                        .await?;
+                    std::hint::black_box(reply.payload().len());
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await??;
+    }
+    let measured = start.until(Mark::now());
     running.shutdown().await?;
     Ok(measured)
 }

@@ -102,6 +102,10 @@ mod book {
     mod execution_modes {}
     #[doc = include_str!("../../book/src/job-queue.md")]
     mod job_queue {}
+    #[doc = include_str!("../../book/src/publishing.md")]
+    mod publishing {}
+    #[doc = include_str!("../../book/src/request-reply.md")]
+    mod request_reply {}
 }
 
 /// Re-exported for the prelude's derives and for users' convenience.
