@@ -40,6 +40,8 @@ mod app;
 pub mod binding;
 mod codec;
 mod config;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod ctx;
 mod error;
 mod exec;
@@ -63,6 +65,9 @@ pub use binding::memory::{
     MemoryBroker, MemoryBrokerBuilder, MemoryDelivery, MemorySubscription, QueueStats,
     ROUND_RECORDS, ReceiveRound,
 };
+/// The NATS binding (feature `nats`).
+#[cfg(feature = "nats")]
+pub use binding::nats;
 pub use binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
 pub use codec::{Codec, Json};
 pub use config::{CoreHwm, CoreHwmProfile};

@@ -6,6 +6,7 @@
 //! | `ruststream_malformed_total` | counter | `subject` | payloads that failed decode and never reached a handler (JQ-13) |
 //! | `ruststream_oversized_total` | counter | `subject` | messages over the subscriber's `max_message_size`, refused before decode (JQ-20) |
 //! | `ruststream_late_replies_total` | counter | `binding` | replies that arrived after their request ended (first terminal wins; JQ-17) |
+//! | `ruststream_connection_events_total` | counter | `binding`, `event` | connection events of a broker client: `disconnected`, `connected`, `slow_consumer`, `pull_failed`, … |
 //! | `ruststream_handler_errors_total` | counter | `subject` | handler errors and panics |
 //! | `ruststream_rejected_total` | counter | `subject` | deliveries rejected (dead-lettered or dropped) |
 //! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` (JQ-19) |
@@ -34,6 +35,14 @@ pub(crate) fn oversized(subject: &Text) {
 
 pub(crate) fn late_reply(binding: &'static str) {
     metrics::counter!(LATE_REPLIES, "binding" => binding).increment(1);
+}
+
+/// Connection events of broker clients.
+pub const CONNECTION_EVENTS: &str = "ruststream_connection_events_total";
+
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
+pub(crate) fn connection_event(binding: &'static str, event: &'static str) {
+    metrics::counter!(CONNECTION_EVENTS, "binding" => binding, "event" => event).increment(1);
 }
 
 /// Handler errors and panics.

@@ -13,6 +13,8 @@
 //! dynamic dispatch per message.
 
 pub mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
 
 use std::future::Future;
 use std::sync::Arc;

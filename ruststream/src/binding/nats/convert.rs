@@ -1,0 +1,80 @@
+//! Messages both ways between ruststream and NATS: payload as is, headers as
+//! NATS headers, the key and the correlation id as reserved headers (so they
+//! survive any NATS client on the way), the reply address as NATS's own.
+
+use std::str::FromStr;
+
+use async_nats::HeaderMap;
+use async_nats::header::{HeaderName, HeaderValue};
+
+use crate::{Envelope, Error, Message, Result, Text};
+
+/// Header carrying [`Message::key`].
+pub(crate) const KEY: &str = "ruststream-key";
+/// Header carrying [`Message::correlation_id`].
+pub(crate) const CORRELATION_ID: &str = "ruststream-correlation-id";
+/// Header carrying the attempt of a core-NATS redelivery.
+pub(crate) const REDELIVERY: &str = "ruststream-redelivery";
+
+/// The NATS headers of `message`, `None` when it has none. A header name or
+/// value NATS cannot carry (control characters, `:` in a name) is a clear
+/// [`Error::Encode`], never a panic.
+pub(crate) fn headers(message: &Message) -> Result<Option<HeaderMap>> {
+    let headers = message.headers();
+    if headers.is_empty() && message.key().is_none() && message.correlation_id().is_none() {
+        return Ok(None);
+    }
+    let mut map = HeaderMap::new();
+    let mut put = |name: &str, value: &str| -> Result<()> {
+        let bad = |what: &str| Error::Encode(format!("NATS cannot carry header {what}").into());
+        let name = HeaderName::from_str(name).map_err(|_| bad(&format!("name {name:?}")))?;
+        let value = HeaderValue::from_str(value).map_err(|_| bad(&format!("value {value:?}")))?;
+        map.insert(name, value);
+        Ok(())
+    };
+    for (name, value) in headers.iter() {
+        put(name, value)?;
+    }
+    if let Some(key) = message.key() {
+        put(KEY, key)?;
+    }
+    if let Some(id) = message.correlation_id() {
+        put(CORRELATION_ID, id)?;
+    }
+    Ok(Some(map))
+}
+
+/// The ruststream message of a received NATS message. `reply` is kept only
+/// where it is a request's reply address (core NATS), not a JetStream ack
+/// subject.
+pub(crate) fn message(
+    payload: bytes::Bytes,
+    headers: Option<&HeaderMap>,
+    reply: Option<&str>,
+) -> Message {
+    let mut message = Message::new(payload);
+    if let Some(map) = headers {
+        for (name, values) in map.iter() {
+            let name: &str = name.as_ref();
+            let Some(value) = values.first() else {
+                continue;
+            };
+            let value = value.as_str();
+            match name {
+                KEY => message = message.with_key(value),
+                CORRELATION_ID => message = message.with_correlation_id(value),
+                REDELIVERY => {}
+                _ => message = message.with_header(name, value),
+            }
+        }
+    }
+    if let Some(reply) = reply {
+        message = message.with_reply_to(reply);
+    }
+    message
+}
+
+/// The envelope of a received message on `subject`.
+pub(crate) fn envelope(subject: &str, message: Message, attempt: u32) -> Envelope {
+    Envelope::new(Text::from(subject), message).with_attempt(attempt)
+}

@@ -1,0 +1,196 @@
+//! Core NATS subscriptions: push delivery into the client's bounded
+//! subscription buffer, merged with the subscription's private redelivery
+//! subject, which is where `nack` sends a message back with attempt + 1.
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+
+use futures_util::Stream;
+
+use super::{NatsBroker, convert};
+use crate::binding::{Broker, Delivery, SubscribeOptions, Subscription};
+use crate::message::header;
+use crate::{Envelope, Message, Result, Text};
+
+/// A core NATS subscription (see [`NatsBroker`]).
+pub struct NatsSubscription {
+    main: async_nats::Subscriber,
+    redeliver: async_nats::Subscriber,
+    shared: Arc<Shared>,
+}
+
+/// What every delivery of one subscription needs to settle itself.
+struct Shared {
+    broker: NatsBroker,
+    /// The subscription's private redelivery subject.
+    redeliver_to: String,
+    dead_letter: Option<Text>,
+}
+
+impl NatsSubscription {
+    pub(super) async fn open(broker: NatsBroker, options: SubscribeOptions) -> Result<Self> {
+        let client = broker.client.clone();
+        let subject = options.subject.as_str().to_owned();
+        let subscribe_error = |err: async_nats::SubscribeError| {
+            crate::Error::Transport(format!("NATS subscribe to `{subject}`: {err}").into())
+        };
+        let main = match &options.queue_group {
+            Some(group) => client
+                .queue_subscribe(subject.clone(), group.as_str().to_owned())
+                .await
+                .map_err(subscribe_error)?,
+            None => client
+                .subscribe(subject.clone())
+                .await
+                .map_err(subscribe_error)?,
+        };
+        let redeliver_to = client.new_inbox();
+        let redeliver = client
+            .subscribe(redeliver_to.clone())
+            .await
+            .map_err(subscribe_error)?;
+        // Subscribed once the server has seen the SUBs: messages published
+        // after this returns reach the subscription.
+        client
+            .flush()
+            .await
+            .map_err(|err| crate::Error::Transport(err.into()))?;
+        Ok(NatsSubscription {
+            main,
+            redeliver,
+            shared: Arc::new(Shared {
+                broker,
+                redeliver_to,
+                dead_letter: options.dead_letter,
+            }),
+        })
+    }
+}
+
+impl Subscription for NatsSubscription {
+    type Delivery = NatsDelivery;
+
+    async fn next(&mut self) -> Option<NatsDelivery> {
+        if self.shared.broker.ensure_open().is_err() {
+            return None;
+        }
+        // Redeliveries first; both streams are cancel-safe channel reads.
+        let closed = &self.shared.broker.closed;
+        let (message, redelivered) = poll_fn(|cx| {
+            if closed.load(std::sync::atomic::Ordering::Acquire) {
+                return Poll::Ready(None);
+            }
+            if let Poll::Ready(Some(m)) = Pin::new(&mut self.redeliver).poll_next(cx) {
+                return Poll::Ready(Some((m, true)));
+            }
+            match Pin::new(&mut self.main).poll_next(cx) {
+                Poll::Ready(Some(m)) => Poll::Ready(Some((m, false))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await?;
+        let reply = message.reply.as_ref().map(|r| r.as_str());
+        let body = convert::message(message.payload, message.headers.as_ref(), reply);
+        let env = if redelivered {
+            let attempt = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(convert::REDELIVERY))
+                .and_then(|v| v.as_str().parse().ok())
+                .unwrap_or(2);
+            let subject = body
+                .headers()
+                .get(header::ORIGINAL_SUBJECT)
+                .unwrap_or(message.subject.as_str())
+                .to_owned();
+            let mut body = body;
+            body.headers_mut().remove(header::ORIGINAL_SUBJECT);
+            convert::envelope(&subject, body, attempt)
+        } else {
+            convert::envelope(message.subject.as_str(), body, 1)
+        };
+        Some(NatsDelivery {
+            env,
+            shared: Arc::clone(&self.shared),
+        })
+    }
+}
+
+/// A delivery from a core NATS subscription.
+pub struct NatsDelivery {
+    env: Envelope,
+    shared: Arc<Shared>,
+}
+
+impl Delivery for NatsDelivery {
+    fn envelope(&self) -> &Envelope {
+        &self.env
+    }
+
+    /// Core NATS has no acknowledgements: nothing to do.
+    async fn ack(self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Sends the message back to this subscription (only) with attempt + 1.
+    async fn nack(self) -> Result<()> {
+        let attempt = self.env.attempt() + 1;
+        let subject = self.env.subject().clone();
+        let message = self
+            .env
+            .into_message()
+            .with_header(header::ORIGINAL_SUBJECT, subject)
+            .with_header(convert::REDELIVERY, attempt.to_string());
+        let shared = &self.shared;
+        shared
+            .broker
+            .publish_message(&shared.redeliver_to, without_reply(message), None)
+            .await
+    }
+
+    /// Publishes to the dead-letter subject with the reason, or drops the
+    /// message with a warning when there is none.
+    async fn reject(self, reason: &str) -> Result<()> {
+        let Some(dead_letter) = &self.shared.dead_letter else {
+            tracing::warn!(
+                subject = %self.env.subject(),
+                attempt = self.env.attempt(),
+                reason,
+                "message rejected and dropped (no dead-letter subject configured)"
+            );
+            return Ok(());
+        };
+        let message = dead_letter_message(self.env, reason);
+        self.shared
+            .broker
+            .publish_message(dead_letter, message, None)
+            .await
+    }
+}
+
+/// A redelivered or dead-lettered copy answers nobody: a request's reply
+/// address stays with the first delivery.
+fn without_reply(message: Message) -> Message {
+    let mut out = Message::new(message.payload().clone()).with_headers(message.headers().clone());
+    if let Some(key) = message.key() {
+        out = out.with_key(key.clone());
+    }
+    if let Some(id) = message.correlation_id() {
+        out = out.with_correlation_id(id.clone());
+    }
+    out
+}
+
+/// The dead-letter copy of `env`: original subject, reason and attempt in
+/// headers (the same headers the memory broker writes).
+pub(super) fn dead_letter_message(env: Envelope, reason: &str) -> Message {
+    let attempt = env.attempt();
+    let subject = env.subject().clone();
+    without_reply(env.into_message())
+        .with_header(header::ORIGINAL_SUBJECT, subject)
+        .with_header(header::ERROR, reason)
+        .with_header(header::ATTEMPT, attempt.to_string())
+}

@@ -1,0 +1,474 @@
+//! JetStream: durable streams read through pull consumers. A pull is made
+//! only when the runtime asks for the next message — after it took a job
+//! permit (JQ-4) — and asks for at most `pull_window` messages, so nothing
+//! runs ahead of the app by more than that window.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer, stream};
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{NatsBroker, convert};
+use crate::binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
+use crate::ingress::ReceiveFlow;
+use crate::{Envelope, Error, Message, Result, Text};
+
+/// The stream a [`JetStream`] handle is bound to, and how its consumers pull.
+///
+/// ```
+/// use std::time::Duration;
+/// use ruststream::nats::StreamSpec;
+///
+/// let spec = StreamSpec::new("ORDERS", ["orders.>"])
+///     .ack_wait(Duration::from_secs(30))
+///     .max_deliver(5)
+///     .pull_window(64);
+/// assert_eq!(spec.name(), "ORDERS");
+/// ```
+#[derive(Clone, Debug)]
+pub struct StreamSpec {
+    name: String,
+    subjects: Vec<String>,
+    memory_storage: bool,
+    ack_wait: Duration,
+    max_deliver: i64,
+    pull_window: usize,
+    pull_expires: Duration,
+}
+
+impl StreamSpec {
+    /// Stream `name` capturing `subjects` (file storage).
+    pub fn new<S: Into<String>>(
+        name: impl Into<String>,
+        subjects: impl IntoIterator<Item = S>,
+    ) -> Self {
+        StreamSpec {
+            name: name.into(),
+            subjects: subjects.into_iter().map(Into::into).collect(),
+            memory_storage: false,
+            ack_wait: Duration::from_secs(30),
+            max_deliver: -1,
+            pull_window: 64,
+            pull_expires: Duration::from_secs(5),
+        }
+    }
+
+    /// The stream's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Keep the stream in memory instead of on disk.
+    pub fn memory_storage(mut self) -> Self {
+        self.memory_storage = true;
+        self
+    }
+
+    /// How long the server waits for an ack before redelivering (default
+    /// 30 s).
+    pub fn ack_wait(mut self, wait: Duration) -> Self {
+        self.ack_wait = wait;
+        self
+    }
+
+    /// Deliveries per message before the server gives up on it (default:
+    /// unlimited; the subscriber's `max_attempts` rejects sooner).
+    pub fn max_deliver(mut self, deliveries: i64) -> Self {
+        self.max_deliver = deliveries;
+        self
+    }
+
+    /// Messages one pull asks for at most (default 64): the most a
+    /// subscription holds beyond what the runtime has taken.
+    pub fn pull_window(mut self, messages: usize) -> Self {
+        self.pull_window = messages.max(1);
+        self
+    }
+
+    /// How long one pull stays open waiting for messages (default 5 s).
+    pub fn pull_expires(mut self, expires: Duration) -> Self {
+        self.pull_expires = expires;
+        self
+    }
+}
+
+/// JetStream on a [`NatsBroker`] connection, bound to one stream. A broker
+/// like any other: subscribers consume through durable pull consumers (one
+/// per queue group, named after it) or ephemeral ones (fan-out), and publishes
+/// wait for the stream's acknowledgement, so a successful publish is stored.
+#[derive(Clone)]
+pub struct JetStream {
+    nats: NatsBroker,
+    context: jetstream::Context,
+    spec: Arc<StreamSpec>,
+}
+
+impl std::fmt::Debug for JetStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStream")
+            .field("stream", &self.spec.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JetStream {
+    pub(super) async fn bind(nats: NatsBroker, spec: StreamSpec) -> Result<Self> {
+        let context = jetstream::new(nats.client.clone());
+        context
+            .get_or_create_stream(stream::Config {
+                name: spec.name.clone(),
+                subjects: spec.subjects.clone(),
+                storage: if spec.memory_storage {
+                    stream::StorageType::Memory
+                } else {
+                    stream::StorageType::File
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|err| {
+                Error::Transport(format!("JetStream stream `{}`: {err}", spec.name).into())
+            })?;
+        Ok(JetStream {
+            nats,
+            context,
+            spec: Arc::new(spec),
+        })
+    }
+
+    /// The underlying `async-nats` JetStream context.
+    pub fn context(&self) -> &jetstream::Context {
+        &self.context
+    }
+
+    /// The core connection underneath.
+    pub fn nats(&self) -> &NatsBroker {
+        &self.nats
+    }
+
+    /// Deletes the bound stream and everything in it.
+    pub async fn delete_stream(&self) -> Result<()> {
+        self.context
+            .delete_stream(&self.spec.name)
+            .await
+            .map(|_| ())
+            .map_err(|err| Error::Transport(err.into()))
+    }
+}
+
+impl Broker for JetStream {
+    type Subscription = JetStreamSubscription;
+
+    fn name(&self) -> &'static str {
+        "nats-jetstream"
+    }
+
+    async fn subscribe(&self, options: SubscribeOptions) -> Result<JetStreamSubscription> {
+        self.nats.ensure_open()?;
+        JetStreamSubscription::open(self, options).await
+    }
+
+    /// Publishes and waits for the stream's acknowledgement until the
+    /// deadline: `Ok` means stored.
+    async fn publish_message(
+        &self,
+        subject: &str,
+        message: Message,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        self.nats.ensure_open()?;
+        let deadline = self.nats.deadline(deadline);
+        let headers = convert::headers(&message)?.unwrap_or_default();
+        let payload = message.payload().clone();
+        let publish = async {
+            let ack = self
+                .context
+                .publish_with_headers(subject.to_owned(), headers, payload)
+                .await
+                .map_err(|err| Error::Transport(err.into()))?;
+            ack.await.map_err(|err| Error::Transport(err.into()))
+        };
+        match tokio::time::timeout_at(deadline, publish).await {
+            Ok(result) => result.map(|_| ()),
+            Err(_) => {
+                crate::metrics::deadline_exceeded("nats-jetstream");
+                Err(Error::DeadlineExceeded(
+                    "JetStream did not acknowledge the publish before the deadline",
+                ))
+            }
+        }
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.nats.close().await
+    }
+}
+
+/// Requests go over core NATS inboxes on the same connection.
+impl Requester for JetStream {
+    async fn request_message(
+        &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<Envelope> {
+        self.nats.request_message(subject, message, timeout).await
+    }
+}
+
+/// A consumer name NATS accepts: no `.`, `*`, `>` or whitespace.
+fn consumer_name(group: &str) -> String {
+    group
+        .chars()
+        .map(|c| match c {
+            '.' | '*' | '>' => '_',
+            c if c.is_whitespace() => '_',
+            c => c,
+        })
+        .collect()
+}
+
+/// A JetStream pull subscription.
+pub struct JetStreamSubscription {
+    consumer: consumer::PullConsumer,
+    batch: Option<consumer::pull::Batch>,
+    window: usize,
+    expires: Duration,
+    flow: Option<Arc<PullFlow>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    nats: NatsBroker,
+    dead_letter: Option<Text>,
+}
+
+impl JetStreamSubscription {
+    async fn open(js: &JetStream, options: SubscribeOptions) -> Result<Self> {
+        let spec = &js.spec;
+        let stream = js
+            .context
+            .get_stream(&spec.name)
+            .await
+            .map_err(|err| Error::Transport(err.into()))?;
+        // A queue group shares one durable consumer (competing consumers);
+        // a fan-out subscription gets its own ephemeral one, from now on.
+        let config = consumer::pull::Config {
+            durable_name: options.queue_group.as_ref().map(|g| consumer_name(g)),
+            deliver_policy: match options.queue_group {
+                Some(_) => consumer::DeliverPolicy::All,
+                None => consumer::DeliverPolicy::New,
+            },
+            filter_subject: options.subject.as_str().to_owned(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: spec.ack_wait,
+            max_deliver: spec.max_deliver,
+            inactive_threshold: Duration::from_secs(300),
+            ..Default::default()
+        };
+        let consumer = match &config.durable_name {
+            Some(name) => stream.get_or_create_consumer(name, config.clone()).await,
+            None => stream.create_consumer(config).await,
+        }
+        .map_err(|err| {
+            Error::Transport(format!("JetStream consumer on `{}`: {err}", options.subject).into())
+        })?;
+        Ok(JetStreamSubscription {
+            consumer,
+            batch: None,
+            window: spec.pull_window,
+            expires: spec.pull_expires,
+            flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
+            shared: Arc::new(Shared {
+                nats: js.nats.clone(),
+                dead_letter: options.dead_letter,
+            }),
+        })
+    }
+}
+
+impl Subscription for JetStreamSubscription {
+    type Delivery = JetStreamDelivery;
+
+    async fn next(&mut self) -> Option<JetStreamDelivery> {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            if self.shared.nats.ensure_open().is_err() {
+                return None;
+            }
+            if let Some(flow) = &self.flow {
+                flow.running().await;
+            }
+            let batch = match &mut self.batch {
+                Some(batch) => batch,
+                None => {
+                    let pull = self
+                        .consumer
+                        .batch()
+                        .max_messages(self.window)
+                        .expires(self.expires)
+                        .messages()
+                        .await;
+                    match pull {
+                        Ok(batch) => self.batch.insert(batch),
+                        Err(err) => {
+                            pull_failed(&err, &mut backoff).await;
+                            continue;
+                        }
+                    }
+                }
+            };
+            match batch.next().await {
+                Some(Ok(message)) => return Some(JetStreamDelivery::new(message, &self.shared)),
+                Some(Err(err)) => {
+                    self.batch = None;
+                    pull_failed(&err, &mut backoff).await;
+                }
+                // This pull is complete or expired: the next call pulls again.
+                None => self.batch = None,
+            }
+        }
+    }
+
+    fn receive_flow(&self) -> Option<Arc<dyn ReceiveFlow>> {
+        self.flow
+            .as_ref()
+            .map(|flow| Arc::clone(flow) as Arc<dyn ReceiveFlow>)
+    }
+}
+
+/// A pull that failed (server restarting, connection lost): logged, counted,
+/// retried after a bounded backoff. Unacked messages are redelivered by the
+/// server, so nothing is lost while the connection comes back.
+async fn pull_failed(err: &(dyn std::fmt::Display + Sync), backoff: &mut Duration) {
+    tracing::warn!(error = %err, retry_in = ?*backoff, "JetStream pull failed");
+    crate::metrics::connection_event("nats-jetstream", "pull_failed");
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_secs(1));
+}
+
+/// The receive-flow switch of a pull subscription (JQ-15): while paused, no
+/// new pull is made.
+#[derive(Default)]
+struct PullFlow {
+    paused: AtomicBool,
+    resumed: Notify,
+}
+
+impl PullFlow {
+    async fn running(&self) {
+        loop {
+            let mut resumed = pin!(self.resumed.notified());
+            resumed.as_mut().enable();
+            if !self.paused.load(Ordering::Acquire) {
+                return;
+            }
+            resumed.await;
+        }
+    }
+}
+
+impl ReceiveFlow for PullFlow {
+    fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Release);
+        if !paused {
+            self.resumed.notify_waiters();
+        }
+    }
+}
+
+/// A delivery from a JetStream pull consumer. Dropped unsettled, it is
+/// nak'ed so the server redelivers it at once, not only after `ack_wait`.
+pub struct JetStreamDelivery {
+    env: Envelope,
+    acker: Option<jetstream::message::Acker>,
+    shared: Arc<Shared>,
+}
+
+impl JetStreamDelivery {
+    fn new(message: jetstream::Message, shared: &Arc<Shared>) -> Self {
+        let attempt = message
+            .info()
+            .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
+            .unwrap_or(1);
+        let (message, acker) = message.split();
+        let subject = message.subject.clone();
+        let body = convert::message(message.payload, message.headers.as_ref(), None);
+        JetStreamDelivery {
+            env: convert::envelope(subject.as_str(), body, attempt),
+            acker: Some(acker),
+            shared: Arc::clone(shared),
+        }
+    }
+
+    async fn settle(mut self, kind: AckKind) -> Result<()> {
+        let Some(acker) = self.acker.take() else {
+            return Ok(());
+        };
+        acker.ack_with(kind).await.map_err(Error::Transport)
+    }
+}
+
+impl Delivery for JetStreamDelivery {
+    fn envelope(&self) -> &Envelope {
+        &self.env
+    }
+
+    async fn ack(self) -> Result<()> {
+        self.settle(AckKind::Ack).await
+    }
+
+    /// Redelivered by the server, with its delivery count as the attempt.
+    async fn nack(self) -> Result<()> {
+        self.settle(AckKind::Nak(None)).await
+    }
+
+    /// Dead-letters (where configured) and terminates: never redelivered.
+    /// If the dead-letter publish fails the message is nak'ed instead, so it
+    /// is not lost.
+    async fn reject(self, reason: &str) -> Result<()> {
+        if let Some(dead_letter) = self.shared.dead_letter.clone() {
+            let message = super::core::dead_letter_message(self.env.clone(), reason);
+            if let Err(err) = self
+                .shared
+                .nats
+                .publish_message(&dead_letter, message, None)
+                .await
+            {
+                self.settle(AckKind::Nak(None)).await?;
+                return Err(err);
+            }
+        } else {
+            tracing::warn!(
+                subject = %self.env.subject(),
+                attempt = self.env.attempt(),
+                reason,
+                "message rejected and terminated (no dead-letter subject configured)"
+            );
+        }
+        self.settle(AckKind::Term).await
+    }
+}
+
+impl Drop for JetStreamDelivery {
+    fn drop(&mut self) {
+        let Some(acker) = self.acker.take() else {
+            return;
+        };
+        // Unsettled (a handler aborted by the shutdown timeout, a dropped
+        // consumer): ask for redelivery now. Without a runtime the server
+        // redelivers after `ack_wait` anyway.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(err) = acker.ack_with(AckKind::Nak(None)).await {
+                    tracing::debug!(error = %err, "nak of an unsettled JetStream delivery failed");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! The NATS binding (feature `nats`), on [`async_nats`].
+//!
+//! * [`NatsBroker`]: core NATS — subjects with `*`/`>`, fan-out, queue groups,
+//!   request/reply over NATS inboxes. Core NATS is at-most-once: `ack` is a
+//!   no-op; `nack` redelivers to the same subscription through its private
+//!   redelivery subject with attempt + 1; `reject` publishes to the
+//!   dead-letter subject with the reason. A subscription's receive buffer is
+//!   the client's bounded subscription channel
+//!   ([`NatsBrokerBuilder::subscription_capacity`]).
+//! * [`JetStream`]: durable streams with pull consumers — ack, nak
+//!   (redelivery with the server's delivery count as the attempt), term.
+//!   Messages are pulled only when the runtime asks for the next one, in
+//!   pulls of at most [`StreamSpec::pull_window`] messages, so a saturated
+//!   app never over-fetches; a paused receive flow stops pulling (JQ-15).
+//!
+//! Headers map both ways; the key and the correlation id travel as the
+//! `ruststream-key` and `ruststream-correlation-id` headers. Disconnects and
+//! reconnects are logged and counted (`ruststream_connection_events_total`);
+//! the client reconnects on its own and JetStream redelivers what was not
+//! acked.
+//!
+//! ```no_run
+//! use ruststream::prelude::*;
+//! use ruststream::nats::NatsBroker;
+//!
+//! #[subscriber("orders.created", queue_group = "billing")]
+//! async fn bill(order_id: u64) {
+//!     println!("billing {order_id}");
+//! }
+//!
+//! # async fn run() -> ruststream::Result<()> {
+//! let nats = NatsBroker::connect("nats://127.0.0.1:4222").await?;
+//! App::new().broker(nats).subscriber(bill).run().await
+//! # }
+//! ```
+
+mod convert;
+mod core;
+mod jetstream;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_nats::{Client, ConnectOptions, Event};
+use tokio::time::Instant;
+
+pub use self::core::{NatsDelivery, NatsSubscription};
+pub use self::jetstream::{JetStream, JetStreamDelivery, JetStreamSubscription, StreamSpec};
+use crate::binding::{Broker, Requester, SubscribeOptions};
+use crate::{Envelope, Error, Message, Result};
+
+/// A connection to a NATS server (core NATS). Cloning shares the connection.
+#[derive(Clone)]
+pub struct NatsBroker {
+    client: Client,
+    publish_timeout: Duration,
+    closed: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for NatsBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsBroker")
+            .field("state", &self.client.connection_state())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for a [`NatsBroker`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use ruststream::nats::NatsBroker;
+///
+/// # async fn run() -> ruststream::Result<()> {
+/// let nats = NatsBroker::builder()
+///     .name("billing")
+///     .subscription_capacity(4096)
+///     .publish_timeout(Duration::from_secs(2))
+///     .connect("nats://127.0.0.1:4222")
+///     .await?;
+/// # drop(nats); Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct NatsBrokerBuilder {
+    name: Option<String>,
+    subscription_capacity: usize,
+    publish_timeout: Duration,
+    connection_timeout: Duration,
+}
+
+impl Default for NatsBrokerBuilder {
+    fn default() -> Self {
+        NatsBrokerBuilder {
+            name: None,
+            subscription_capacity: 8192,
+            publish_timeout: Duration::from_secs(10),
+            connection_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl NatsBrokerBuilder {
+    /// Connection name, shown by the server's monitoring.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Messages one core subscription may buffer before the runtime takes
+    /// them (default 8,192). Core NATS drops what a full buffer cannot take
+    /// (a slow consumer); JetStream subscriptions pull instead and never
+    /// overflow it.
+    pub fn subscription_capacity(mut self, messages: usize) -> Self {
+        self.subscription_capacity = messages;
+        self
+    }
+
+    /// Deadline of a publish that passes none (default 10 s).
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// How long connecting may take (default 5 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Connects to `url` (for example `nats://127.0.0.1:4222`). An
+    /// unreachable server is an [`Error::Transport`] naming the address.
+    pub async fn connect(self, url: &str) -> Result<NatsBroker> {
+        let mut options = ConnectOptions::new()
+            .subscription_capacity(self.subscription_capacity)
+            .connection_timeout(self.connection_timeout)
+            .event_callback(|event| async move { connection_event(event) });
+        if let Some(name) = self.name {
+            options = options.name(name);
+        }
+        let client = options.connect(url).await.map_err(|err| {
+            Error::Transport(format!("cannot connect to NATS at {url}: {err}").into())
+        })?;
+        Ok(NatsBroker {
+            client,
+            publish_timeout: self.publish_timeout,
+            closed: Arc::new(AtomicBool::new(false)),
+        })
+    }
+}
+
+/// Logs and counts what happens to a connection: an outage is visible even
+/// while the client reconnects on its own.
+fn connection_event(event: Event) {
+    let name = match &event {
+        Event::Connected => "connected",
+        Event::Disconnected => "disconnected",
+        Event::LameDuckMode => "lame_duck",
+        Event::SlowConsumer(_) => "slow_consumer",
+        Event::ServerError(_) => "server_error",
+        Event::ClientError(_) => "client_error",
+        Event::Draining => "draining",
+        Event::Closed => "closed",
+    };
+    match event {
+        Event::Connected => tracing::info!("NATS connection (re)established"),
+        Event::SlowConsumer(sid) => tracing::warn!(
+            sid,
+            "NATS slow consumer: a core subscription's buffer is full and messages were dropped"
+        ),
+        other => tracing::warn!(event = %other, "NATS connection event"),
+    }
+    crate::metrics::connection_event("nats", name);
+}
+
+impl NatsBroker {
+    /// Connects with default settings.
+    pub async fn connect(url: &str) -> Result<NatsBroker> {
+        NatsBrokerBuilder::default().connect(url).await
+    }
+
+    /// Settings for a new connection.
+    pub fn builder() -> NatsBrokerBuilder {
+        NatsBrokerBuilder::default()
+    }
+
+    /// The underlying `async-nats` client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// JetStream on this connection, bound to the stream `spec` describes
+    /// (created if missing, updated to the spec's subjects otherwise).
+    pub async fn jetstream(&self, spec: StreamSpec) -> Result<JetStream> {
+        JetStream::bind(self.clone(), spec).await
+    }
+
+    fn ensure_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed("NATS connection is closed"));
+        }
+        Ok(())
+    }
+
+    fn deadline(&self, deadline: Option<Instant>) -> Instant {
+        deadline.unwrap_or_else(|| Instant::now() + self.publish_timeout)
+    }
+
+    /// One core publish: into the client's bounded write buffer, waiting for
+    /// room until `deadline` (JQ-19).
+    async fn publish_core(&self, subject: &str, message: Message, deadline: Instant) -> Result<()> {
+        self.ensure_open()?;
+        let headers = convert::headers(&message)?;
+        let reply = message.reply_to().map(|r| r.as_str().to_owned());
+        let payload = message.payload().clone();
+        let subject = subject.to_owned();
+        let publish = async {
+            match (reply, headers) {
+                (None, None) => self.client.publish(subject, payload).await,
+                (None, Some(h)) => self.client.publish_with_headers(subject, h, payload).await,
+                (Some(r), None) => self.client.publish_with_reply(subject, r, payload).await,
+                (Some(r), Some(h)) => {
+                    self.client
+                        .publish_with_reply_and_headers(subject, r, h, payload)
+                        .await
+                }
+            }
+        };
+        match tokio::time::timeout_at(deadline, publish).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(publish_error(err)),
+            Err(_) => {
+                crate::metrics::deadline_exceeded("nats");
+                Err(Error::DeadlineExceeded(
+                    "the NATS client's write buffer stayed full until the deadline",
+                ))
+            }
+        }
+    }
+}
+
+/// A publish the client refused: too large for the server is a structural
+/// limit, the rest is transport.
+fn publish_error(err: async_nats::PublishError) -> Error {
+    match err.kind() {
+        async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+            Error::StructuralLimit(format!("NATS publish: {err}"))
+        }
+        _ => Error::Transport(err.into()),
+    }
+}
+
+impl Broker for NatsBroker {
+    type Subscription = NatsSubscription;
+
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    async fn subscribe(&self, options: SubscribeOptions) -> Result<NatsSubscription> {
+        self.ensure_open()?;
+        NatsSubscription::open(self.clone(), options).await
+    }
+
+    fn publish_message(
+        &self,
+        subject: &str,
+        message: Message,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let deadline = self.deadline(deadline);
+        self.publish_core(subject, message, deadline)
+    }
+
+    /// Flushes what is buffered, then marks the connection closed: later
+    /// calls fail with `Error::Closed`, subscriptions end. Closing twice is
+    /// fine.
+    async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if let Err(err) = self.client.flush().await {
+            tracing::warn!(error = %err, "NATS flush at close failed");
+        }
+        Ok(())
+    }
+}
+
+impl Requester for NatsBroker {
+    async fn request_message(
+        &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<Envelope> {
+        self.ensure_open()?;
+        let mut request = async_nats::Request::new()
+            .payload(message.payload().clone())
+            .timeout(Some(timeout));
+        if let Some(headers) = convert::headers(&message)? {
+            request = request.headers(headers);
+        }
+        match self.client.send_request(subject.to_owned(), request).await {
+            Ok(reply) => {
+                let message = convert::message(reply.payload, reply.headers.as_ref(), None);
+                Ok(convert::envelope(reply.subject.as_str(), message, 1))
+            }
+            Err(err) => Err(match err.kind() {
+                async_nats::RequestErrorKind::TimedOut => Error::Timeout(timeout),
+                async_nats::RequestErrorKind::NoResponders => {
+                    Error::NoResponders(subject.to_owned())
+                }
+                async_nats::RequestErrorKind::MaxPayloadExceeded => {
+                    Error::StructuralLimit(format!("request to `{subject}`: {err}"))
+                }
+                _ => Error::Transport(err.into()),
+            }),
+        }
+    }
+}
