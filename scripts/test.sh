@@ -2,6 +2,8 @@
 # The whole test suite: formatting, lints, every test (unit, integration,
 # doc tests including the book's and the README's examples, trybuild UI cases)
 # a check that every file the book includes exists, and every example run.
+# Integration tests talk to real brokers on loopback: scripts/services.sh
+# starts (and if needed installs) the ones that are down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,11 +27,15 @@ while IFS=: read -r page include; do
 done < <(grep -o '{{#include [^}]*}}' -r book/src | sed 's/{{#include \([^}]*\)}}/\1/')
 [ "$missing" = 0 ]
 
+step "broker services on loopback (NATS)"
+. scripts/services.sh
+ensure_nats
+
 step "cargo test --workspace --all-features"
 cargo test --workspace --all-features
 
 step "every example runs and exits 0 on its own"
-for example in quickstart execution_modes lifecycle; do
+for example in quickstart execution_modes lifecycle nats_orders; do
   echo "-- $example"
   timeout 120 cargo run --quiet --example "$example"
 done

@@ -111,6 +111,9 @@ mod book {
     mod publishing {}
     #[doc = include_str!("../../book/src/request-reply.md")]
     mod request_reply {}
+    #[cfg(feature = "nats")]
+    #[doc = include_str!("../../book/src/nats.md")]
+    mod nats {}
 }
 
 /// Re-exported for the prelude's derives and for users' convenience.

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Makes sure the broker services the tests need answer on loopback, starting
+# (and, where the binary is missing, installing) them when they do not.
+# Sourced by scripts/test.sh; the commands are those of the machines'
+# services.md. Only loopback addresses, ever.
+
+# True when something accepts connections on 127.0.0.1:$1.
+port_open() { timeout 1 bash -c "</dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+# Waits up to $2 seconds for port $1; fails loudly naming $3.
+wait_port() {
+  local port=$1 secs=$2 name=$3
+  for ((i = 0; i < secs * 10; i++)); do
+    port_open "$port" && return 0
+    sleep 0.1
+  done
+  echo "$name did not come up on 127.0.0.1:$port within ${secs}s" >&2
+  return 1
+}
+
+apt_install() {
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+}
+
+ensure_nats() {
+  if [ -n "${RUSTSTREAM_NATS_URL:-}" ]; then
+    return 0 # the caller points the tests at a server of its own
+  fi
+  port_open 4222 && return 0
+  echo "NATS is down on 127.0.0.1:4222: starting it"
+  command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || apt_install nats-server
+  local bin
+  bin=$(command -v nats-server || echo /usr/sbin/nats-server)
+  mkdir -p /var/lib/nats-server
+  start-stop-daemon --start --oknodo --background --exec "$bin" -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  wait_port 4222 20 nats-server
+}
