@@ -6,7 +6,9 @@
 //! ```
 //!
 //! `ruststream-bench --list` prints the scenario names, one per line (the
-//! scripts read them from here).
+//! scripts read them from here); `--list-nats` the ones that need a NATS
+//! server (`RUSTSTREAM_NATS_URL`, default `nats://127.0.0.1:4222`), run by
+//! `bench/nats.sh`.
 //!
 //! Environment:
 //! * `RUSTSTREAM_BENCH_RT`: `multi` (default; multi-thread runtime, 2 worker
@@ -16,6 +18,7 @@
 //!   append `allocs_per_msg`.
 
 mod alloc;
+mod nats;
 mod payload;
 mod progress;
 mod scenarios;
@@ -28,14 +31,20 @@ static GLOBAL: alloc::Counting = alloc::Counting;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args == ["--list"] {
-        for name in scenarios::NAMES {
+    if args == ["--list"] || args == ["--list-nats"] {
+        let names = if args[0] == "--list" {
+            scenarios::NAMES
+        } else {
+            nats::NAMES
+        };
+        for name in names {
             println!("{name}");
         }
         return ExitCode::SUCCESS;
     }
+    let known = |s: &str| scenarios::NAMES.contains(&s) || nats::NAMES.contains(&s);
     let (scenario, n) = match args.as_slice() {
-        [scenario, n] if scenarios::NAMES.contains(&scenario.as_str()) => match n.parse::<u64>() {
+        [scenario, n] if known(scenario) => match n.parse::<u64>() {
             Ok(n) if n > 0 => (scenario.as_str(), n),
             _ => return usage(),
         },
@@ -67,7 +76,12 @@ fn main() -> ExitCode {
     }
 
     let payloads = payload::build(n);
-    let measured = runtime.block_on(scenarios::run(scenario, Arc::clone(&payloads)));
+    let measured = runtime.block_on(async {
+        match nats::run(scenario, n).await {
+            Some(measured) => Some(measured),
+            None => scenarios::run(scenario, Arc::clone(&payloads)).await,
+        }
+    });
     payload::discard(payloads);
     let m = match measured {
         Some(Ok(m)) => m,

@@ -57,20 +57,20 @@ pub struct Measurement {
 
 /// A point in time, with the allocation count at that point.
 #[derive(Clone, Copy, Debug)]
-struct Mark {
+pub(crate) struct Mark {
     at: Instant,
     allocs: u64,
 }
 
 impl Mark {
-    fn now() -> Self {
+    pub(crate) fn now() -> Self {
         Mark {
             at: Instant::now(),
             allocs: alloc::count(),
         }
     }
 
-    fn until(self, end: Mark) -> Measurement {
+    pub(crate) fn until(self, end: Mark) -> Measurement {
         Measurement {
             elapsed: end.at - self.at,
             allocs: end.allocs - self.allocs,

@@ -130,6 +130,11 @@ impl Message {
         self.meta.get_or_insert_with(Box::default)
     }
 
+    /// The payload, giving up the rest.
+    pub fn into_payload(self) -> Bytes {
+        self.payload
+    }
+
     /// Adds (or replaces) a header.
     pub fn with_header(mut self, name: impl Into<Text>, value: impl Into<Text>) -> Self {
         self.meta_mut().headers.insert(name, value);

@@ -213,8 +213,8 @@ impl NatsBroker {
         self.ensure_open()?;
         let headers = convert::headers(&message)?;
         let reply = message.reply_to().map(|r| r.as_str().to_owned());
-        let payload = message.payload().clone();
-        let subject = subject.to_owned();
+        let payload = message.into_payload();
+        let subject = async_nats::Subject::from(subject);
         let publish = async {
             match (reply, headers) {
                 (None, None) => self.client.publish(subject, payload).await,
@@ -227,6 +227,12 @@ impl NatsBroker {
                 }
             }
         };
+        let mut publish = std::pin::pin!(publish);
+        // The common case: room in the client's buffer, done on the first
+        // poll, with no timer armed.
+        if let Some(result) = futures_util::FutureExt::now_or_never(publish.as_mut()) {
+            return result.map_err(publish_error);
+        }
         match tokio::time::timeout_at(deadline, publish).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(publish_error(err)),
