@@ -67,7 +67,9 @@ async fn main() -> ruststream::Result<()> {
         .start()
         .await?;
 
-    let out = running.publisher::<ruststream::nats::JetStream>().expect("registered");
+    let out = running
+        .publisher::<ruststream::nats::JetStream>()
+        .expect("registered");
     for id in 0..ORDERS as u64 {
         let order = Order {
             id,

@@ -58,7 +58,11 @@ async fn core(n: u64) -> Result<Measurement, BoxError> {
         .subscription_capacity(CAPACITY)
         .connect(&url())
         .await?;
-    let running = App::new().broker(nats.clone()).subscriber(count).start().await?;
+    let running = App::new()
+        .broker(nats.clone())
+        .subscriber(count)
+        .start()
+        .await?;
     let payload = payload();
     let start = Mark::now();
     for _ in 0..n {
@@ -99,7 +103,12 @@ async fn raw_core(n: u64) -> Result<Measurement, BoxError> {
 
 /// Fills a fresh memory-storage stream with `n` messages (acks pipelined),
 /// outside the timed section.
-async fn preload(client: &async_nats::Client, stream: &str, subject: &str, n: u64) -> Result<(), BoxError> {
+async fn preload(
+    client: &async_nats::Client,
+    stream: &str,
+    subject: &str,
+    n: u64,
+) -> Result<(), BoxError> {
     let context = jetstream::new(client.clone());
     let _ = context.delete_stream(stream).await;
     context
@@ -141,7 +150,11 @@ async fn js(n: u64) -> Result<Measurement, BoxError> {
         .jetstream(StreamSpec::new(&stream, ["benchjs.fw"]).pull_window(256))
         .await?;
     let start = Mark::now();
-    let running = App::new().broker(js.clone()).subscriber(count).start().await?;
+    let running = App::new()
+        .broker(js.clone())
+        .subscriber(count)
+        .start()
+        .await?;
     progress::all_seen().await;
     let end = Mark::now();
     running.shutdown().await?;

@@ -78,3 +78,37 @@ pub(crate) fn message(
 pub(crate) fn envelope(subject: &str, message: Message, attempt: u32) -> Envelope {
     Envelope::new(Text::from(subject), message).with_attempt(attempt)
 }
+
+/// The [`Text`] of the subjects a subscription receives on: a subscription
+/// without wildcards always sees the same one, so it is allocated once, not
+/// per message.
+#[derive(Default)]
+pub(crate) struct SubjectCache(Option<Text>);
+
+impl SubjectCache {
+    pub(crate) fn text(&mut self, subject: &str) -> Text {
+        match &self.0 {
+            Some(text) if text.as_str() == subject => text.clone(),
+            _ => self.0.insert(Text::from(subject)).clone(),
+        }
+    }
+}
+
+thread_local! {
+    /// The subject this thread published to last: a publisher usually sends
+    /// to the same few subjects, and a cached `Subject` clones without
+    /// allocating.
+    static LAST_SUBJECT: std::cell::RefCell<Option<async_nats::Subject>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The NATS subject for a publish to `subject`.
+pub(crate) fn publish_subject(subject: &str) -> async_nats::Subject {
+    LAST_SUBJECT.with(|last| {
+        let mut last = last.borrow_mut();
+        match &*last {
+            Some(cached) if cached.as_str() == subject => cached.clone(),
+            _ => last.insert(async_nats::Subject::from(subject)).clone(),
+        }
+    })
+}

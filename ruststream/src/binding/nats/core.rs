@@ -5,9 +5,11 @@
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 
 use futures_util::Stream;
+use futures_util::task::AtomicWaker;
 
 use super::{NatsBroker, convert};
 use crate::binding::{Broker, Delivery, SubscribeOptions, Subscription};
@@ -16,6 +18,7 @@ use crate::{Envelope, Message, Result, Text};
 
 /// A core NATS subscription (see [`NatsBroker`]).
 pub struct NatsSubscription {
+    subjects: convert::SubjectCache,
     main: async_nats::Subscriber,
     redeliver: async_nats::Subscriber,
     shared: Arc<Shared>,
@@ -27,6 +30,12 @@ struct Shared {
     /// The subscription's private redelivery subject.
     redeliver_to: String,
     dead_letter: Option<Text>,
+    /// Nacked messages on their way back. Only this subscription's own
+    /// deliveries publish to its redelivery subject, so while this is 0 the
+    /// redelivery stream is not polled at all: one channel read per message.
+    redeliveries: AtomicUsize,
+    /// Wakes a waiting `next` when a nack starts a redelivery.
+    waker: AtomicWaker,
 }
 
 impl NatsSubscription {
@@ -58,12 +67,15 @@ impl NatsSubscription {
             .await
             .map_err(|err| crate::Error::Transport(err.into()))?;
         Ok(NatsSubscription {
+            subjects: convert::SubjectCache::default(),
             main,
             redeliver,
             shared: Arc::new(Shared {
                 broker,
                 redeliver_to,
                 dead_letter: options.dead_letter,
+                redeliveries: AtomicUsize::new(0),
+                waker: AtomicWaker::new(),
             }),
         })
     }
@@ -77,13 +89,22 @@ impl Subscription for NatsSubscription {
             return None;
         }
         // Redeliveries first; both streams are cancel-safe channel reads.
-        let closed = &self.shared.broker.closed;
+        let shared = Arc::clone(&self.shared);
         let (message, redelivered) = poll_fn(|cx| {
-            if closed.load(std::sync::atomic::Ordering::Acquire) {
+            if shared.broker.closed.load(Ordering::Acquire) {
                 return Poll::Ready(None);
             }
-            if let Poll::Ready(Some(m)) = Pin::new(&mut self.redeliver).poll_next(cx) {
-                return Poll::Ready(Some((m, true)));
+            if shared.redeliveries.load(Ordering::Acquire) > 0 {
+                if let Poll::Ready(Some(m)) = Pin::new(&mut self.redeliver).poll_next(cx) {
+                    shared.redeliveries.fetch_sub(1, Ordering::AcqRel);
+                    return Poll::Ready(Some((m, true)));
+                }
+            } else {
+                shared.waker.register(cx.waker());
+                if shared.redeliveries.load(Ordering::Acquire) > 0 {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
             }
             match Pin::new(&mut self.main).poll_next(cx) {
                 Poll::Ready(Some(m)) => Poll::Ready(Some((m, false))),
@@ -110,7 +131,8 @@ impl Subscription for NatsSubscription {
             body.headers_mut().remove(header::ORIGINAL_SUBJECT);
             convert::envelope(&subject, body, attempt)
         } else {
-            convert::envelope(message.subject.as_str(), body, 1)
+            let subject = self.subjects.text(message.subject.as_str());
+            Envelope::new(subject, body)
         };
         Some(NatsDelivery {
             env,
@@ -145,10 +167,16 @@ impl Delivery for NatsDelivery {
             .with_header(header::ORIGINAL_SUBJECT, subject)
             .with_header(convert::REDELIVERY, attempt.to_string());
         let shared = &self.shared;
-        shared
+        shared.redeliveries.fetch_add(1, Ordering::AcqRel);
+        shared.waker.wake();
+        let sent = shared
             .broker
             .publish_message(&shared.redeliver_to, without_reply(message), None)
-            .await
+            .await;
+        if sent.is_err() {
+            shared.redeliveries.fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
     }
 
     /// Publishes to the dead-letter subject with the reason, or drops the

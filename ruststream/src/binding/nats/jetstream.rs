@@ -235,6 +235,7 @@ fn consumer_name(group: &str) -> String {
 
 /// A JetStream pull subscription.
 pub struct JetStreamSubscription {
+    subjects: convert::SubjectCache,
     consumer: consumer::PullConsumer,
     batch: Option<consumer::pull::Batch>,
     window: usize,
@@ -279,6 +280,7 @@ impl JetStreamSubscription {
             Error::Transport(format!("JetStream consumer on `{}`: {err}", options.subject).into())
         })?;
         Ok(JetStreamSubscription {
+            subjects: convert::SubjectCache::default(),
             consumer,
             batch: None,
             window: spec.pull_window,
@@ -324,7 +326,13 @@ impl Subscription for JetStreamSubscription {
                 }
             };
             match batch.next().await {
-                Some(Ok(message)) => return Some(JetStreamDelivery::new(message, &self.shared)),
+                Some(Ok(message)) => {
+                    return Some(JetStreamDelivery::new(
+                        message,
+                        &mut self.subjects,
+                        &self.shared,
+                    ));
+                }
                 Some(Err(err)) => {
                     self.batch = None;
                     pull_failed(&err, &mut backoff).await;
@@ -391,16 +399,20 @@ pub struct JetStreamDelivery {
 }
 
 impl JetStreamDelivery {
-    fn new(message: jetstream::Message, shared: &Arc<Shared>) -> Self {
+    fn new(
+        message: jetstream::Message,
+        subjects: &mut convert::SubjectCache,
+        shared: &Arc<Shared>,
+    ) -> Self {
         let attempt = message
             .info()
             .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
             .unwrap_or(1);
         let (message, acker) = message.split();
-        let subject = message.subject.clone();
+        let subject = subjects.text(message.subject.as_str());
         let body = convert::message(message.payload, message.headers.as_ref(), None);
         JetStreamDelivery {
-            env: convert::envelope(subject.as_str(), body, attempt),
+            env: Envelope::new(subject, body).with_attempt(attempt),
             acker: Some(acker),
             shared: Arc::clone(shared),
         }

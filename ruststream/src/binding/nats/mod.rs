@@ -214,7 +214,7 @@ impl NatsBroker {
         let headers = convert::headers(&message)?;
         let reply = message.reply_to().map(|r| r.as_str().to_owned());
         let payload = message.into_payload();
-        let subject = async_nats::Subject::from(subject);
+        let subject = convert::publish_subject(subject);
         let publish = async {
             match (reply, headers) {
                 (None, None) => self.client.publish(subject, payload).await,
