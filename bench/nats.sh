@@ -5,7 +5,7 @@
 # Needs NATS with JetStream on RUSTSTREAM_NATS_URL (default 127.0.0.1:4222).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --release -p ruststream-bench --manifest-path "$root/Cargo.toml" >&2
+cargo build --release -p ruststream-bench --features nats --manifest-path "$root/Cargo.toml" >&2
 bin=${CARGO_TARGET_DIR:-$root/target}/release/ruststream-bench
 n=${N:-100000}
 rounds=5

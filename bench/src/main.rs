@@ -18,7 +18,19 @@
 //!   append `allocs_per_msg`.
 
 mod alloc;
+#[cfg(feature = "nats")]
 mod nats;
+#[cfg(not(feature = "nats"))]
+mod nats {
+    //! Built without the `nats` feature: no NATS scenarios.
+    pub const NAMES: &[&str] = &[];
+    pub async fn run(
+        _name: &str,
+        _n: u64,
+    ) -> Option<Result<crate::scenarios::Measurement, ruststream::BoxError>> {
+        None
+    }
+}
 mod payload;
 mod progress;
 mod scenarios;
