@@ -122,6 +122,39 @@ async fn jetstream_conforms() {
     assert_eq!(report.skipped, ["request_reply_round_trip"]);
 }
 
+// ------------------------------------------------------------- nak delay
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_nak_with_delay_redelivers_no_sooner() {
+    let prefix = unique("nak");
+    let js = nats()
+        .await
+        .jetstream(StreamSpec::new(stream_name(&prefix), [format!("{prefix}.>")]).memory_storage())
+        .await
+        .unwrap();
+    let subject = format!("{prefix}.jobs");
+    let mut sub = js
+        .subscribe(SubscribeOptions::new(subject.as_str()).queue_group("w"))
+        .await
+        .unwrap();
+    js.publish_message(&subject, Message::new("later"), None)
+        .await
+        .unwrap();
+    let first = within(10, "the first delivery", sub.next()).await.unwrap();
+    assert_eq!(first.envelope().attempt(), 1);
+    let delay = Duration::from_millis(600);
+    let nacked_at = tokio::time::Instant::now();
+    first.nack_after(delay).await.unwrap();
+    let again = within(10, "the delayed redelivery", sub.next())
+        .await
+        .unwrap();
+    assert!(nacked_at.elapsed() >= delay, "redelivered before its delay");
+    assert_eq!(again.envelope().attempt(), 2);
+    assert_eq!(again.envelope().payload(), "later".as_bytes());
+    again.ack().await.unwrap();
+    js.delete_stream().await.unwrap();
+}
+
 // ------------------------------------------------------------- over-fetch
 
 /// A subscriber built at run time (its subject has a random suffix).

@@ -426,6 +426,16 @@ impl JetStreamDelivery {
     }
 }
 
+impl JetStreamDelivery {
+    /// Nak with a delay: the server redelivers the message, with the
+    /// delivery count (the attempt) plus one, no sooner than `delay` from
+    /// now. JetStream keeps the delay, so it survives a restart of this
+    /// process.
+    pub async fn nack_after(self, delay: Duration) -> Result<()> {
+        self.settle(AckKind::Nak(Some(delay))).await
+    }
+}
+
 impl Delivery for JetStreamDelivery {
     fn envelope(&self) -> &Envelope {
         &self.env
