@@ -37,3 +37,16 @@ ensure_nats() {
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
   wait_port 4222 20 nats-server
 }
+
+ensure_redis() {
+  if [ -n "${RUSTSTREAM_REDIS_URL:-}" ]; then
+    return 0
+  fi
+  port_open 6379 && return 0
+  echo "Redis is down on 127.0.0.1:6379: starting it"
+  command -v redis-server >/dev/null || apt_install redis-server
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
+    --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_port 6379 20 redis-server
+}

@@ -27,9 +27,10 @@ while IFS=: read -r page include; do
 done < <(grep -o '{{#include [^}]*}}' -r book/src | sed 's/{{#include \([^}]*\)}}/\1/')
 [ "$missing" = 0 ]
 
-step "broker services on loopback (NATS)"
+step "broker services on loopback (NATS, Redis)"
 . scripts/services.sh
 ensure_nats
+ensure_redis
 
 step "cargo test --workspace --all-features"
 cargo test --workspace --all-features

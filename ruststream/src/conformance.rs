@@ -86,8 +86,9 @@ impl Capabilities {
 
 /// A binding under test.
 pub trait Harness: Sync {
-    /// The broker the binding provides.
-    type Broker: Requester;
+    /// The broker the binding provides. [`run`] needs it to be a
+    /// [`Requester`] too; [`run_one_way`] does not.
+    type Broker: Broker;
 
     /// What it supports.
     fn capabilities(&self) -> Capabilities;
@@ -141,54 +142,113 @@ type Outcome = std::result::Result<(), String>;
 
 /// Runs every check the harness's capabilities allow, each on its own
 /// connection and subjects, each bounded by a timeout.
-pub async fn run<H: Harness>(harness: &H) -> Report {
-    static RUN: AtomicU64 = AtomicU64::new(0);
-    let run = format!(
-        "rsconf{}x{}",
-        std::process::id(),
-        RUN.fetch_add(1, Ordering::Relaxed)
-    );
+pub async fn run<H: Harness>(harness: &H) -> Report
+where
+    H::Broker: Requester,
+{
     let caps = harness.capabilities();
-    let mut report = Report::default();
-    macro_rules! check {
-        ($name:ident, $needs:expr) => {{
-            let name = stringify!($name);
-            if !$needs {
-                report.skipped.push(name);
-            } else {
-                let prefix = format!("{run}.{name}");
-                let outcome = match harness.connect(&prefix).await {
-                    Ok(broker) => {
-                        match tokio::time::timeout(CHECK_TIMEOUT, $name(&broker, &prefix)).await {
-                            Ok(outcome) => outcome,
-                            Err(_) => Err(format!("did not finish within {CHECK_TIMEOUT:?}")),
-                        }
-                    }
-                    Err(err) => Err(format!("connect failed: {err}")),
-                };
-                harness.cleanup(&prefix).await;
-                match outcome {
-                    Ok(()) => report.passed.push(name),
-                    Err(why) => report.failed.push((name, why)),
+    let mut suite = Suite::new(harness);
+    suite.common(caps).await;
+    suite
+        .check("request_reply_round_trip", caps.request_reply, |b, p| {
+            Box::pin(async move { request_reply_round_trip(b, &p).await })
+        })
+        .await;
+    suite.closing().await;
+    suite.report
+}
+
+/// [`run`] for a broker without request/reply: every check but that one.
+pub async fn run_one_way<H: Harness>(harness: &H) -> Report {
+    let caps = harness.capabilities();
+    let mut suite = Suite::new(harness);
+    suite.common(caps).await;
+    suite.report.skipped.push("request_reply_round_trip");
+    suite.closing().await;
+    suite.report
+}
+
+type CheckFuture<'a> = std::pin::Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+struct Suite<'h, H> {
+    harness: &'h H,
+    run: String,
+    report: Report,
+}
+
+impl<'h, H: Harness> Suite<'h, H> {
+    fn new(harness: &'h H) -> Self {
+        static RUN: AtomicU64 = AtomicU64::new(0);
+        Suite {
+            harness,
+            run: format!(
+                "rsconf{}x{}",
+                std::process::id(),
+                RUN.fetch_add(1, Ordering::Relaxed)
+            ),
+            report: Report::default(),
+        }
+    }
+
+    async fn check(
+        &mut self,
+        name: &'static str,
+        needed: bool,
+        check: impl for<'a> FnOnce(&'a H::Broker, String) -> CheckFuture<'a>,
+    ) {
+        if !needed {
+            self.report.skipped.push(name);
+            return;
+        }
+        let prefix = format!("{}.{name}", self.run);
+        let outcome = match self.harness.connect(&prefix).await {
+            Ok(broker) => {
+                match tokio::time::timeout(CHECK_TIMEOUT, check(&broker, prefix.clone())).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err(format!("did not finish within {CHECK_TIMEOUT:?}")),
                 }
             }
-        }};
+            Err(err) => Err(format!("connect failed: {err}")),
+        };
+        self.harness.cleanup(&prefix).await;
+        match outcome {
+            Ok(()) => self.report.passed.push(name),
+            Err(why) => self.report.failed.push((name, why)),
+        }
     }
-    check!(publish_order_per_subject, true);
-    check!(fan_out_and_queue_groups, caps.queue_groups);
-    check!(ack_never_redelivers, true);
-    check!(nack_redelivers_with_attempt_plus_one, caps.redelivery);
-    check!(
-        unsettled_delivery_of_a_dropped_consumer_is_redelivered,
-        caps.redelivers_unsettled && caps.queue_groups
-    );
-    check!(headers_key_and_correlation_id_round_trip, true);
-    check!(reject_dead_letters_with_the_reason, caps.dead_letter);
-    check!(wildcards_match_one_and_many_tokens, caps.wildcards);
-    check!(request_reply_round_trip, caps.request_reply);
-    check!(close_then_publish_is_a_clear_error, true);
-    check!(double_close_is_fine, true);
-    report
+
+    async fn common(&mut self, caps: Capabilities) {
+        macro_rules! check {
+            ($name:ident, $needs:expr) => {
+                self.check(stringify!($name), $needs, |b, p| {
+                    Box::pin(async move { $name(b, &p).await })
+                })
+                .await
+            };
+        }
+        check!(publish_order_per_subject, true);
+        check!(fan_out_and_queue_groups, caps.queue_groups);
+        check!(ack_never_redelivers, true);
+        check!(nack_redelivers_with_attempt_plus_one, caps.redelivery);
+        check!(
+            unsettled_delivery_of_a_dropped_consumer_is_redelivered,
+            caps.redelivers_unsettled && caps.queue_groups
+        );
+        check!(headers_key_and_correlation_id_round_trip, true);
+        check!(reject_dead_letters_with_the_reason, caps.dead_letter);
+        check!(wildcards_match_one_and_many_tokens, caps.wildcards);
+    }
+
+    async fn closing(&mut self) {
+        self.check("close_then_publish_is_a_clear_error", true, |b, p| {
+            Box::pin(async move { close_then_publish_is_a_clear_error(b, &p).await })
+        })
+        .await;
+        self.check("double_close_is_fine", true, |b, p| {
+            Box::pin(async move { double_close_is_fine(b, &p).await })
+        })
+        .await;
+    }
 }
 
 fn ensure(cond: bool, what: impl FnOnce() -> String) -> Outcome {

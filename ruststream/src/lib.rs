@@ -68,6 +68,9 @@ pub use binding::memory::{
 /// The NATS binding (feature `nats`).
 #[cfg(feature = "nats")]
 pub use binding::nats;
+/// The Redis Streams binding (feature `redis`).
+#[cfg(feature = "redis")]
+pub use binding::redis;
 pub use binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
 pub use codec::{Codec, Json};
 pub use config::{CoreHwm, CoreHwmProfile};

@@ -15,6 +15,10 @@
 pub mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(any(feature = "nats", feature = "redis"))]
+mod pull_flow;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -3,17 +3,15 @@
 //! permit (JQ-4) — and asks for at most `pull_window` messages, so nothing
 //! runs ahead of the app by more than that window.
 
-use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer, stream};
 use futures_util::StreamExt;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{NatsBroker, convert};
+use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
 use crate::ingress::ReceiveFlow;
 use crate::{Envelope, Error, Message, Result, Text};
@@ -358,36 +356,6 @@ async fn pull_failed(err: &(dyn std::fmt::Display + Sync), backoff: &mut Duratio
     crate::metrics::connection_event("nats-jetstream", "pull_failed");
     tokio::time::sleep(*backoff).await;
     *backoff = (*backoff * 2).min(Duration::from_secs(1));
-}
-
-/// The receive-flow switch of a pull subscription (JQ-15): while paused, no
-/// new pull is made.
-#[derive(Default)]
-struct PullFlow {
-    paused: AtomicBool,
-    resumed: Notify,
-}
-
-impl PullFlow {
-    async fn running(&self) {
-        loop {
-            let mut resumed = pin!(self.resumed.notified());
-            resumed.as_mut().enable();
-            if !self.paused.load(Ordering::Acquire) {
-                return;
-            }
-            resumed.await;
-        }
-    }
-}
-
-impl ReceiveFlow for PullFlow {
-    fn set_paused(&self, paused: bool) {
-        self.paused.store(paused, Ordering::Release);
-        if !paused {
-            self.resumed.notify_waiters();
-        }
-    }
 }
 
 /// A delivery from a JetStream pull consumer. Dropped unsettled, it is

@@ -1,0 +1,322 @@
+//! One Redis Streams subscription: a consumer in a consumer group, reading on
+//! a connection of its own, claiming entries left pending too long.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::ConnectionManager;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
+use tokio::time::Instant;
+
+use super::{RedisBroker, field, transport};
+use crate::binding::pull_flow::PullFlow;
+use crate::binding::{Delivery, SubscribeOptions, Subscription};
+use crate::ingress::ReceiveFlow;
+use crate::message::header;
+use crate::{Envelope, Error, Message, Result, Text};
+
+static NEXT_CONSUMER: AtomicU64 = AtomicU64::new(1);
+
+/// A Redis Streams subscription (see [`RedisBroker`]).
+pub struct RedisSubscription {
+    reader: ConnectionManager,
+    /// Set for request/reply sources: PAUSED stops issuing reads (JQ-15).
+    flow: Option<Arc<PullFlow>>,
+    shared: Arc<Shared>,
+    consumer: String,
+    buffer: VecDeque<(StreamId, u32)>,
+    last_claim: Instant,
+    /// A fan-out subscription's group is its own: destroyed when it drops.
+    own_group: bool,
+}
+
+/// What deliveries need to settle themselves.
+struct Shared {
+    broker: RedisBroker,
+    stream: String,
+    subject: Text,
+    group: String,
+    dead_letter: Option<Text>,
+}
+
+impl RedisSubscription {
+    pub(super) async fn open(broker: RedisBroker, options: SubscribeOptions) -> Result<Self> {
+        let settings = &broker.inner.settings;
+        let n = NEXT_CONSUMER.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let (group, own_group) = match &options.queue_group {
+            Some(group) => (group.as_str().to_owned(), false),
+            None => (format!("rs-fanout-{pid}-{n}"), true),
+        };
+        let stream = options.subject.as_str().to_owned();
+        // New entries only; the group (and the stream) may exist already.
+        let created = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&stream)
+            .arg(&group)
+            .arg("$")
+            .arg("MKSTREAM")
+            .query_async::<Value>(&mut broker.conn())
+            .await;
+        if let Err(err) = created
+            && err.code() != Some("BUSYGROUP")
+        {
+            return Err(Error::Transport(
+                format!("Redis consumer group `{group}` on `{stream}`: {err}").into(),
+            ));
+        }
+        let reader = super::connection(
+            &broker.inner.client,
+            Some(settings.block + Duration::from_secs(5)),
+        )
+        .await
+        .map_err(transport)?;
+        Ok(RedisSubscription {
+            reader,
+            flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
+            consumer: format!("rs-{pid}-{n}"),
+            buffer: VecDeque::new(),
+            last_claim: Instant::now(),
+            own_group,
+            shared: Arc::new(Shared {
+                broker,
+                stream,
+                subject: options.subject,
+                group,
+                dead_letter: options.dead_letter,
+            }),
+        })
+    }
+
+    /// Claims entries pending longer than `claim_idle` (nacked, or held by a
+    /// consumer that went away), with their delivery counts as attempts.
+    async fn claim(&mut self) -> redis::RedisResult<()> {
+        let settings = &self.shared.broker.inner.settings;
+        let idle = settings.claim_idle.as_millis() as u64;
+        let claimed: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+            .arg(&self.shared.stream)
+            .arg(&self.shared.group)
+            .arg(&self.consumer)
+            .arg(idle)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(settings.read_count)
+            .query_async(&mut self.reader)
+            .await?;
+        if claimed.claimed.is_empty() {
+            return Ok(());
+        }
+        let pending: StreamPendingCountReply = redis::cmd("XPENDING")
+            .arg(&self.shared.stream)
+            .arg(&self.shared.group)
+            .arg("-")
+            .arg("+")
+            .arg(settings.read_count * 4)
+            .arg(&self.consumer)
+            .query_async(&mut self.reader)
+            .await?;
+        let counts: HashMap<&str, usize> = pending
+            .ids
+            .iter()
+            .map(|p| (p.id.as_str(), p.times_delivered))
+            .collect();
+        for entry in claimed.claimed {
+            let attempt = counts.get(entry.id.as_str()).copied().unwrap_or(2);
+            self.buffer
+                .push_back((entry, u32::try_from(attempt).unwrap_or(u32::MAX)));
+        }
+        Ok(())
+    }
+
+    async fn read(&mut self) -> redis::RedisResult<()> {
+        let settings = &self.shared.broker.inner.settings;
+        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&self.shared.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(settings.read_count)
+            .arg("BLOCK")
+            .arg(settings.block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&self.shared.stream)
+            .arg(">")
+            .query_async(&mut self.reader)
+            .await?;
+        for key in reply.into_iter().flat_map(|r| r.keys) {
+            self.buffer.extend(key.ids.into_iter().map(|id| (id, 1)));
+        }
+        Ok(())
+    }
+}
+
+impl Subscription for RedisSubscription {
+    type Delivery = RedisDelivery;
+
+    fn receive_flow(&self) -> Option<Arc<dyn ReceiveFlow>> {
+        self.flow
+            .as_ref()
+            .map(|flow| Arc::clone(flow) as Arc<dyn ReceiveFlow>)
+    }
+
+    async fn next(&mut self) -> Option<RedisDelivery> {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            if self.shared.broker.ensure_open().is_err() {
+                return None;
+            }
+            if let Some((entry, attempt)) = self.buffer.pop_front() {
+                return Some(RedisDelivery::new(entry, attempt, &self.shared));
+            }
+            if let Some(flow) = &self.flow {
+                flow.running().await;
+            }
+            let claim_every =
+                (self.shared.broker.inner.settings.claim_idle / 2).max(Duration::from_millis(20));
+            let result = if self.last_claim.elapsed() >= claim_every {
+                self.last_claim = Instant::now();
+                self.claim().await
+            } else {
+                self.read().await
+            };
+            if let Err(err) = result {
+                tracing::warn!(stream = %self.shared.stream, error = %err, retry_in = ?backoff, "Redis read failed");
+                crate::metrics::connection_event("redis", "read_failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+impl Drop for RedisSubscription {
+    fn drop(&mut self) {
+        if !self.own_group {
+            return;
+        }
+        // A fan-out group serves this subscription only.
+        let shared = Arc::clone(&self.shared);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = redis::cmd("XGROUP")
+                    .arg("DESTROY")
+                    .arg(&shared.stream)
+                    .arg(&shared.group)
+                    .query_async::<Value>(&mut shared.broker.conn())
+                    .await;
+            });
+        }
+    }
+}
+
+/// A Redis Streams entry, pending in its group until settled.
+pub struct RedisDelivery {
+    env: Envelope,
+    id: String,
+    shared: Arc<Shared>,
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+impl RedisDelivery {
+    fn new(entry: StreamId, attempt: u32, shared: &Arc<Shared>) -> Self {
+        let StreamId { id, map, .. } = entry;
+        let mut payload = bytes::Bytes::new();
+        let mut message_fields = Vec::new();
+        for (name, value) in map {
+            if name == field::PAYLOAD {
+                if let Value::BulkString(bytes) = value {
+                    payload = bytes::Bytes::from(bytes);
+                }
+            } else {
+                message_fields.push((name, value));
+            }
+        }
+        let mut message = Message::new(payload);
+        for (name, value) in message_fields {
+            let Some(value) = text(&value) else { continue };
+            match name.as_str() {
+                field::KEY => message = message.with_key(value),
+                field::CORRELATION_ID => message = message.with_correlation_id(value),
+                field::REPLY_TO => message = message.with_reply_to(value),
+                other => {
+                    if let Some(header) = other.strip_prefix(field::HEADER) {
+                        message = message.with_header(header, value);
+                    }
+                }
+            }
+        }
+        RedisDelivery {
+            env: Envelope::new(shared.subject.clone(), message).with_attempt(attempt),
+            id,
+            shared: Arc::clone(shared),
+        }
+    }
+}
+
+impl Delivery for RedisDelivery {
+    fn envelope(&self) -> &Envelope {
+        &self.env
+    }
+
+    async fn ack(self) -> Result<()> {
+        redis::cmd("XACK")
+            .arg(&self.shared.stream)
+            .arg(&self.shared.group)
+            .arg(&self.id)
+            .query_async::<Value>(&mut self.shared.broker.conn())
+            .await
+            .map(|_| ())
+            .map_err(transport)
+    }
+
+    /// Leaves the entry pending: a member of the group claims it after
+    /// `claim_idle`, with the delivery count as its attempt.
+    async fn nack(self) -> Result<()> {
+        Ok(())
+    }
+
+    /// `XACK` and, where a dead-letter subject is set, a copy on that stream
+    /// with the reason, original subject and attempt — in one `MULTI`.
+    async fn reject(self, reason: &str) -> Result<()> {
+        let shared = &self.shared;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        match &shared.dead_letter {
+            Some(dead_letter) => {
+                let attempt = self.env.attempt();
+                let message = self
+                    .env
+                    .message()
+                    .clone()
+                    .with_header(header::ORIGINAL_SUBJECT, shared.subject.clone())
+                    .with_header(header::ERROR, reason)
+                    .with_header(header::ATTEMPT, attempt.to_string());
+                pipe.add_command(shared.broker.xadd(dead_letter, &message));
+            }
+            None => tracing::warn!(
+                subject = %shared.subject,
+                attempt = self.env.attempt(),
+                reason,
+                "message rejected and dropped (no dead-letter subject configured)"
+            ),
+        }
+        pipe.cmd("XACK")
+            .arg(&shared.stream)
+            .arg(&shared.group)
+            .arg(&self.id);
+        pipe.query_async::<Value>(&mut shared.broker.conn())
+            .await
+            .map(|_| ())
+            .map_err(transport)
+    }
+}

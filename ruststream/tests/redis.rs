@@ -1,0 +1,366 @@
+//! The Redis Streams binding against a real redis-server: the conformance
+//! suite, a crashed consumer's pending entries claimed by a live one, the
+//! dead-letter stream's content, and a server restart mid-stream on a server
+//! of the test's own.
+//!
+//! Needs Redis on `RUSTSTREAM_REDIS_URL` (default `redis://127.0.0.1:6379`);
+//! `scripts/test.sh` starts it when it is down. The tests fail — never skip —
+//! when it is unreachable.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::{until, within};
+use ruststream::conformance::{self, Capabilities, Harness};
+use ruststream::redis::{RedisBroker, RedisBrokerBuilder};
+use ruststream::{
+    Broker, Delivery, Envelope, Message, Result, SubscribeOptions, Subscription, header,
+};
+
+const START: &str = "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" \
+     --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log \
+     (or run scripts/test.sh, which starts it)";
+
+fn url() -> String {
+    std::env::var("RUSTSTREAM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// Quick settings so redelivery after a nack or a crash shows within a test.
+fn quick() -> RedisBrokerBuilder {
+    RedisBroker::builder()
+        .claim_idle(Duration::from_millis(300))
+        .block(Duration::from_millis(100))
+}
+
+async fn redis_at(url: &str) -> RedisBroker {
+    match quick().connect(url).await {
+        Ok(redis) => redis,
+        Err(err) => panic!("Redis is not reachable at {url}: {err}\nstart it with: {START}"),
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Deletes every key starting with `prefix`.
+async fn delete_keys(url: &str, prefix: &str) {
+    let Ok(client) = redis::Client::open(url) else {
+        return;
+    };
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return;
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_default();
+    for key in keys {
+        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(key).query_async(&mut conn).await;
+    }
+}
+
+struct Streams;
+
+impl Harness for Streams {
+    type Broker = RedisBroker;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::all()
+            .without_request_reply()
+            .without_wildcards()
+    }
+
+    async fn connect(&self, _prefix: &str) -> Result<RedisBroker> {
+        Ok(redis_at(&url()).await)
+    }
+
+    async fn cleanup(&self, prefix: &str) {
+        delete_keys(&url(), prefix).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_conform() {
+    let report = conformance::run_one_way(&Streams).await;
+    report.assert_passed();
+    assert_eq!(
+        report.skipped,
+        [
+            "wildcards_match_one_and_many_tokens",
+            "request_reply_round_trip"
+        ]
+    );
+}
+
+fn text(env: &Envelope) -> String {
+    String::from_utf8_lossy(env.payload()).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_consumers_pending_entries_are_claimed_by_a_live_one() {
+    let stream = unique("crash.");
+    let redis = redis_at(&url()).await;
+    let options = || SubscribeOptions::new(stream.as_str()).queue_group("workers");
+    let mut crashed = redis.subscribe(options()).await.unwrap();
+    for i in 0..3 {
+        redis
+            .publish_message(&stream, Message::new(i.to_string()), None)
+            .await
+            .unwrap();
+    }
+    // The consumer takes all three, settles none, and dies.
+    let mut taken = Vec::new();
+    for _ in 0..3 {
+        let d = within(5, "an entry", crashed.next()).await.unwrap();
+        taken.push(text(d.envelope()));
+        std::mem::forget(d);
+    }
+    drop(crashed);
+    let mut live = redis.subscribe(options()).await.unwrap();
+    let mut claimed = Vec::new();
+    for _ in 0..3 {
+        let d = within(10, "a claimed entry", live.next()).await.unwrap();
+        assert_eq!(
+            d.envelope().attempt(),
+            2,
+            "the delivery count is the attempt"
+        );
+        claimed.push(text(d.envelope()));
+        d.ack().await.unwrap();
+    }
+    claimed.sort();
+    assert_eq!(claimed, taken);
+    delete_keys(&url(), &stream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_copies_the_entry_to_the_dead_letter_stream_with_the_reason() {
+    let stream = unique("dlq.");
+    let dead = format!("{stream}.dead");
+    let redis = redis_at(&url()).await;
+    let mut sub = redis
+        .subscribe(
+            SubscribeOptions::new(stream.as_str())
+                .queue_group("w")
+                .dead_letter(dead.as_str()),
+        )
+        .await
+        .unwrap();
+    let message = Message::new("poison")
+        .with_header("x-tenant", "acme")
+        .with_key("k1");
+    redis.publish_message(&stream, message, None).await.unwrap();
+    let d = within(5, "the entry", sub.next()).await.unwrap();
+    d.reject("cannot parse").await.unwrap();
+
+    // Read the dead-letter stream raw: the fields are what any Redis client sees.
+    let client = redis::Client::open(url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&dead)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(entries.ids.len(), 1);
+    let entry = &entries.ids[0];
+    let get = |field: &str| entry.get::<String>(field);
+    assert_eq!(get("p").as_deref(), Some("poison"));
+    assert_eq!(get("k").as_deref(), Some("k1"));
+    assert_eq!(get("h:x-tenant").as_deref(), Some("acme"));
+    assert_eq!(
+        get(&format!("h:{}", header::ERROR)).as_deref(),
+        Some("cannot parse")
+    );
+    assert_eq!(
+        get(&format!("h:{}", header::ORIGINAL_SUBJECT)).as_deref(),
+        Some(stream.as_str())
+    );
+    // Acked on the source: nothing pending.
+    let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
+        .arg(&stream)
+        .arg("w")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending.count(), 0);
+    delete_keys(&url(), &stream).await;
+}
+
+/// A redis-server of this test's own on a free loopback port (with an
+/// append-only file, so a restart keeps the stream); killed when dropped.
+struct OwnServer {
+    child: Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl OwnServer {
+    fn start(port: u16, dir: &std::path::Path) -> Child {
+        Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| {
+                panic!("cannot run redis-server ({err}); install it: apt-get install redis-server")
+            })
+    }
+
+    async fn new() -> OwnServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(unique("rs-redis-"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let server = OwnServer {
+            child: Self::start(port, &dir),
+            port,
+            dir,
+        };
+        server.wait_up().await;
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn wait_up(&self) {
+        let port = self.port;
+        until(10, "the test's redis-server accepts connections", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .await;
+    }
+
+    async fn restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = Self::start(self.port, &self.dir);
+        self.wait_up().await;
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_mid_stream_loses_no_entry() {
+    let mut server = OwnServer::new().await;
+    let redis = redis_at(&server.url()).await;
+    let mut sub = redis
+        .subscribe(SubscribeOptions::new("restart.jobs").queue_group("workers"))
+        .await
+        .unwrap();
+    for i in 0..20 {
+        redis
+            .publish_message("restart.jobs", Message::new(i.to_string()), None)
+            .await
+            .unwrap();
+    }
+    let mut acked = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        let d = within(10, "an entry before the restart", sub.next())
+            .await
+            .unwrap();
+        acked.insert(text(d.envelope()));
+        d.ack().await.unwrap();
+    }
+    let in_hand = within(10, "the entry in hand", sub.next()).await.unwrap();
+    let in_hand_text = text(in_hand.envelope());
+
+    server.restart().await;
+    drop(in_hand); // unsettled across the restart: claimed after claim_idle
+
+    let mut seen = std::collections::BTreeSet::new();
+    while acked.len() + seen.len() < 20 {
+        let d = within(30, "the rest after the restart", sub.next())
+            .await
+            .unwrap();
+        let t = text(d.envelope());
+        // An ack the reconnecting connection loses leaves the entry pending:
+        // it is claimed again and counted then.
+        if d.ack().await.is_ok() && !acked.contains(&t) {
+            seen.insert(t);
+        }
+    }
+    assert!(
+        seen.contains(&in_hand_text),
+        "the unsettled entry came back"
+    );
+    let all: std::collections::BTreeSet<String> = acked.union(&seen).cloned().collect();
+    assert_eq!(all.len(), 20, "no entry lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_receive_flow_issues_no_read() {
+    let stream = unique("flow.");
+    let redis = redis_at(&url()).await;
+    let mut sub = redis
+        .subscribe(
+            SubscribeOptions::new(stream.as_str())
+                .queue_group("svc")
+                .receive_flow(true),
+        )
+        .await
+        .unwrap();
+    let flow = sub.receive_flow().expect("a request/reply source");
+    flow.set_paused(true);
+    redis
+        .publish_message(&stream, Message::new("held"), None)
+        .await
+        .unwrap();
+    let reader = tokio::spawn(async move {
+        let d = sub.next().await.unwrap();
+        let t = text(d.envelope());
+        d.ack().await.unwrap();
+        t
+    });
+    // Paused: the entry stays in the stream, never read by the group.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = redis::Client::open(url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let groups: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(groups.groups[0].pending, 0, "nothing read while paused");
+    assert!(!reader.is_finished());
+    flow.set_paused(false);
+    assert_eq!(
+        within(5, "the entry after resume", reader).await.unwrap(),
+        "held"
+    );
+    delete_keys(&url(), &stream).await;
+}
