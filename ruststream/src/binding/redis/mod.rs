@@ -22,8 +22,9 @@
 
 mod subscription;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -55,6 +56,11 @@ struct Inner {
     conn: ConnectionManager,
     settings: RedisBrokerBuilder,
     closed: AtomicBool,
+    /// Acked entry ids not yet sent, by (stream, group): coalesced into one
+    /// `XACK` per stream and group.
+    acks: Mutex<HashMap<(String, String), Vec<String>>>,
+    /// Acks buffered in `acks`, all keys together.
+    buffered: AtomicUsize,
 }
 
 impl std::fmt::Debug for RedisBroker {
@@ -87,6 +93,7 @@ pub struct RedisBrokerBuilder {
     read_count: usize,
     maxlen: Option<usize>,
     publish_timeout: Duration,
+    ack_window: usize,
 }
 
 impl Default for RedisBrokerBuilder {
@@ -97,6 +104,7 @@ impl Default for RedisBrokerBuilder {
             read_count: 32,
             maxlen: None,
             publish_timeout: Duration::from_secs(10),
+            ack_window: 128,
         }
     }
 }
@@ -119,6 +127,15 @@ impl RedisBrokerBuilder {
     /// subscription holds beyond what the runtime has taken.
     pub fn read_count(mut self, count: usize) -> Self {
         self.read_count = count.max(1);
+        self
+    }
+
+    /// Acks buffered before they are sent (default 128). Acks are coalesced
+    /// into one `XACK` per stream and group, sent when this many wait, when a
+    /// subscription is about to read again (in the same round trip), and when
+    /// the broker closes. `1` sends every ack on its own.
+    pub fn ack_window(mut self, acks: usize) -> Self {
+        self.ack_window = acks.max(1);
         self
     }
 
@@ -148,6 +165,8 @@ impl RedisBrokerBuilder {
                 conn,
                 settings: self,
                 closed: AtomicBool::new(false),
+                acks: Mutex::new(HashMap::new()),
+                buffered: AtomicUsize::new(0),
             }),
         })
     }
@@ -191,6 +210,61 @@ impl RedisBroker {
     /// A command on the shared connection.
     pub(crate) fn conn(&self) -> ConnectionManager {
         self.inner.conn.clone()
+    }
+
+    /// Buffers the ack of `id`; sends every buffered ack when the window is
+    /// full.
+    pub(crate) async fn ack(&self, stream: &str, group: &str, id: String) -> Result<()> {
+        let full = {
+            let mut acks = self.inner.acks.lock().unwrap_or_else(|e| e.into_inner());
+            match acks.get_mut(&(stream.to_owned(), group.to_owned())) {
+                Some(ids) => ids.push(id),
+                None => {
+                    acks.insert((stream.to_owned(), group.to_owned()), vec![id]);
+                }
+            }
+            self.inner.buffered.fetch_add(1, Ordering::AcqRel) + 1 >= self.inner.settings.ack_window
+        };
+        if full {
+            let mut pipe = redis::pipe();
+            if self.take_acks(&mut pipe) {
+                pipe.query_async::<redis::Value>(&mut self.conn())
+                    .await
+                    .map_err(transport)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every buffered ack into `pipe` (one `XACK` per stream and
+    /// group); false when there were none.
+    pub(crate) fn take_acks(&self, pipe: &mut redis::Pipeline) -> bool {
+        if self.inner.buffered.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let acks = {
+            let mut acks = self.inner.acks.lock().unwrap_or_else(|e| e.into_inner());
+            // Under the lock that pushes count under, so no ack is missed.
+            self.inner.buffered.store(0, Ordering::Release);
+            std::mem::take(&mut *acks)
+        };
+        let mut any = false;
+        for ((stream, group), ids) in acks {
+            pipe.cmd("XACK").arg(stream).arg(group).arg(ids).ignore();
+            any = true;
+        }
+        any
+    }
+
+    /// Sends every buffered ack now.
+    async fn flush_acks(&self) -> Result<()> {
+        let mut pipe = redis::pipe();
+        if self.take_acks(&mut pipe) {
+            pipe.query_async::<redis::Value>(&mut self.conn())
+                .await
+                .map_err(transport)?;
+        }
+        Ok(())
     }
 
     /// The `XADD` of `message` to `stream`.
@@ -264,7 +338,10 @@ impl Broker for RedisBroker {
     /// Marks the connection closed: later calls fail with `Error::Closed`,
     /// subscriptions end. Closing twice is fine.
     async fn close(&self) -> Result<()> {
-        self.inner.closed.store(true, Ordering::Release);
-        Ok(())
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // Every ack is sent before the connection is given up.
+        self.flush_acks().await
     }
 }

@@ -96,16 +96,18 @@ impl RedisSubscription {
     async fn claim(&mut self) -> redis::RedisResult<()> {
         let settings = &self.shared.broker.inner.settings;
         let idle = settings.claim_idle.as_millis() as u64;
-        let claimed: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+        // Acks still buffered go first: an acked entry is never claimed.
+        let mut pipe = redis::pipe();
+        self.shared.broker.take_acks(&mut pipe);
+        pipe.cmd("XAUTOCLAIM")
             .arg(&self.shared.stream)
             .arg(&self.shared.group)
             .arg(&self.consumer)
             .arg(idle)
             .arg("0-0")
             .arg("COUNT")
-            .arg(settings.read_count)
-            .query_async(&mut self.reader)
-            .await?;
+            .arg(settings.read_count);
+        let (claimed,): (StreamAutoClaimReply,) = pipe.query_async(&mut self.reader).await?;
         if claimed.claimed.is_empty() {
             return Ok(());
         }
@@ -133,7 +135,10 @@ impl RedisSubscription {
 
     async fn read(&mut self) -> redis::RedisResult<()> {
         let settings = &self.shared.broker.inner.settings;
-        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+        // Buffered acks ride along in the same round trip.
+        let mut pipe = redis::pipe();
+        self.shared.broker.take_acks(&mut pipe);
+        pipe.cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&self.shared.group)
             .arg(&self.consumer)
@@ -143,9 +148,8 @@ impl RedisSubscription {
             .arg(settings.block.as_millis() as u64)
             .arg("STREAMS")
             .arg(&self.shared.stream)
-            .arg(">")
-            .query_async(&mut self.reader)
-            .await?;
+            .arg(">");
+        let (reply,): (Option<StreamReadReply>,) = pipe.query_async(&mut self.reader).await?;
         for key in reply.into_iter().flat_map(|r| r.keys) {
             self.buffer.extend(key.ids.into_iter().map(|id| (id, 1)));
         }
@@ -268,15 +272,16 @@ impl Delivery for RedisDelivery {
         &self.env
     }
 
+    /// Buffered and coalesced (see `RedisBrokerBuilder::ack_window`): sent
+    /// with the next read, when the window fills, or at close. An ack lost
+    /// with a crash leaves the entry pending, to be claimed again
+    /// (at-least-once).
     async fn ack(self) -> Result<()> {
-        redis::cmd("XACK")
-            .arg(&self.shared.stream)
-            .arg(&self.shared.group)
-            .arg(&self.id)
-            .query_async::<Value>(&mut self.shared.broker.conn())
+        let shared = &self.shared;
+        shared
+            .broker
+            .ack(&shared.stream, &shared.group, self.id)
             .await
-            .map(|_| ())
-            .map_err(transport)
     }
 
     /// Leaves the entry pending: a member of the group claims it after
