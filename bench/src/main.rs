@@ -6,9 +6,10 @@
 //! ```
 //!
 //! `ruststream-bench --list` prints the scenario names, one per line (the
-//! scripts read them from here); `--list-nats` the ones that need a NATS
-//! server (`RUSTSTREAM_NATS_URL`, default `nats://127.0.0.1:4222`), run by
-//! `bench/nats.sh`.
+//! scripts read them from here); `--list-brokers` the ones that need a
+//! broker server (NATS on `RUSTSTREAM_NATS_URL`, Redis on
+//! `RUSTSTREAM_REDIS_URL`), built with the bench's `nats` and `redis`
+//! features and run by `bench/brokers.sh`.
 //!
 //! Environment:
 //! * `RUSTSTREAM_BENCH_RT`: `multi` (default; multi-thread runtime, 2 worker
@@ -20,6 +21,19 @@
 mod alloc;
 #[cfg(feature = "nats")]
 mod nats;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(not(feature = "redis"))]
+mod redis {
+    //! Built without the `redis` feature: no Redis scenarios.
+    pub const NAMES: &[&str] = &[];
+    pub async fn run(
+        _name: &str,
+        _n: u64,
+    ) -> Option<Result<crate::scenarios::Measurement, ruststream::BoxError>> {
+        None
+    }
+}
 #[cfg(not(feature = "nats"))]
 mod nats {
     //! Built without the `nats` feature: no NATS scenarios.
@@ -43,18 +57,20 @@ static GLOBAL: alloc::Counting = alloc::Counting;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args == ["--list"] || args == ["--list-nats"] {
-        let names = if args[0] == "--list" {
-            scenarios::NAMES
+    if args == ["--list"] || args == ["--list-brokers"] {
+        let names: Vec<&str> = if args[0] == "--list" {
+            scenarios::NAMES.to_vec()
         } else {
-            nats::NAMES
+            [nats::NAMES, redis::NAMES].concat()
         };
         for name in names {
             println!("{name}");
         }
         return ExitCode::SUCCESS;
     }
-    let known = |s: &str| scenarios::NAMES.contains(&s) || nats::NAMES.contains(&s);
+    let known = |s: &str| {
+        scenarios::NAMES.contains(&s) || nats::NAMES.contains(&s) || redis::NAMES.contains(&s)
+    };
     let (scenario, n) = match args.as_slice() {
         [scenario, n] if known(scenario) => match n.parse::<u64>() {
             Ok(n) if n > 0 => (scenario.as_str(), n),
@@ -89,10 +105,13 @@ fn main() -> ExitCode {
 
     let payloads = payload::build(n);
     let measured = runtime.block_on(async {
-        match nats::run(scenario, n).await {
-            Some(measured) => Some(measured),
-            None => scenarios::run(scenario, Arc::clone(&payloads)).await,
+        if let Some(measured) = nats::run(scenario, n).await {
+            return Some(measured);
         }
+        if let Some(measured) = redis::run(scenario, n).await {
+            return Some(measured);
+        }
+        scenarios::run(scenario, Arc::clone(&payloads)).await
     });
     payload::discard(payloads);
     let m = match measured {

@@ -1,7 +1,7 @@
 //! NATS scenarios, each next to the raw `async-nats` client doing the same
 //! work in the same process: 512-byte payloads, core pub/sub, and JetStream
 //! consumption with one ack per message. They need a server on
-//! `RUSTSTREAM_NATS_URL` (default `nats://127.0.0.1:4222`); `bench/nats.sh`
+//! `RUSTSTREAM_NATS_URL` (default `nats://127.0.0.1:4222`); `bench/brokers.sh`
 //! runs them and prints the ratios.
 
 use async_nats::jetstream;

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Framework vs raw async-nats in the same binary, 100k x 512 B messages:
-# core pub/sub, and JetStream consumption with one ack per message. Prints
-# the median msgs/s of 5 interleaved rounds and the framework/raw ratio.
-# Needs NATS with JetStream on RUSTSTREAM_NATS_URL (default 127.0.0.1:4222).
+# Framework vs the raw client of each broker in the same binary, 100k x 512 B
+# messages: NATS core pub/sub, JetStream consumption with one ack per
+# message, Redis Streams read 100 at a time. Prints the median msgs/s of 5
+# interleaved rounds and the framework/raw ratio. Needs NATS with JetStream
+# (RUSTSTREAM_NATS_URL, default 127.0.0.1:4222) and Redis
+# (RUSTSTREAM_REDIS_URL, default 127.0.0.1:6379).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --release -p ruststream-bench --features nats --manifest-path "$root/Cargo.toml" >&2
+cargo build --release -p ruststream-bench --features nats,redis --manifest-path "$root/Cargo.toml" >&2
 bin=${CARGO_TARGET_DIR:-$root/target}/release/ruststream-bench
 n=${N:-100000}
 rounds=5
@@ -14,14 +16,14 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p"; }
 median() { tr -s ' \n' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 declare -A rates
-mapfile -t scenarios < <("$bin" --list-nats)
+mapfile -t scenarios < <("$bin" --list-brokers)
 for ((round = 1; round <= rounds; round++)); do
   for s in "${scenarios[@]}"; do
     rates[$s]+="$("$bin" "$s" "$n" | field msgs_per_s) "
   done
 done
 printf '%-16s %12s %8s\n' scenario msgs/s vs-raw
-for pair in "nats-core raw-nats-core" "nats-js raw-nats-js"; do
+for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams"; do
   read -r fw raw <<<"$pair"
   f=$(echo "${rates[$fw]}" | median)
   r=$(echo "${rates[$raw]}" | median)
