@@ -39,7 +39,12 @@ async fn preload(stream: &str, n: u64) -> Result<redis::aio::MultiplexedConnecti
     while sent < n {
         let mut pipe = redis::pipe();
         for _ in 0..1000.min(n - sent) {
-            pipe.cmd("XADD").arg(stream).arg("*").arg("p").arg(&payload[..]).ignore();
+            pipe.cmd("XADD")
+                .arg(stream)
+                .arg("*")
+                .arg("p")
+                .arg(&payload[..])
+                .ignore();
             sent += 1;
         }
         let _: () = pipe.query_async(&mut conn).await?;

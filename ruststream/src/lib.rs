@@ -117,6 +117,9 @@ mod book {
     #[cfg(feature = "nats")]
     #[doc = include_str!("../../book/src/nats.md")]
     mod nats {}
+    #[cfg(feature = "redis")]
+    #[doc = include_str!("../../book/src/redis.md")]
+    mod redis {}
 }
 
 /// Re-exported for the prelude's derives and for users' convenience.
