@@ -364,3 +364,106 @@ async fn paused_receive_flow_issues_no_read() {
     );
     delete_keys(&url(), &stream).await;
 }
+
+/// A subscriber built at run time (its stream has a random suffix), whose
+/// handler waits at a gate.
+struct Blocked {
+    stream: String,
+    gate: std::sync::Arc<common::Gate>,
+    done: std::sync::Arc<AtomicU32>,
+}
+
+impl ruststream::Subscriber for Blocked {
+    type Body = ruststream::bytes::Bytes;
+    type Codec = ruststream::Json;
+
+    fn config(&self) -> ruststream::SubscriberConfig {
+        ruststream::SubscriberConfig::new(self.stream.as_str())
+            .queue_group("counted")
+            .receive_flow(false)
+            .workers_by_key(2)
+    }
+
+    fn decode(
+        &self,
+        payload: &ruststream::bytes::Bytes,
+    ) -> std::result::Result<Self::Body, ruststream::BoxError> {
+        Ok(payload.clone())
+    }
+
+    fn handle(
+        &self,
+        body: Self::Body,
+        scope: &ruststream::Scope<'_>,
+    ) -> impl Future<Output = ruststream::Outcome> {
+        ruststream::SendSubscriber::handle_send(self, body, scope)
+    }
+}
+
+impl ruststream::SendSubscriber for Blocked {
+    fn handle_send(
+        &self,
+        _body: Self::Body,
+        _scope: &ruststream::Scope<'_>,
+    ) -> impl Future<Output = ruststream::Outcome> + Send {
+        let gate = std::sync::Arc::clone(&self.gate);
+        let done = std::sync::Arc::clone(&self.done);
+        async move {
+            gate.pass().await;
+            done.fetch_add(1, Ordering::SeqCst);
+            ruststream::Outcome::Ack(None)
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_never_exceeds_the_permits_held() {
+    const M: usize = 5;
+    const IN_FLIGHT: usize = 2;
+    const N: u32 = 200;
+    let stream = unique("count.");
+    // Reads could ask for 100 records; the permits say otherwise.
+    let redis = quick().read_count(100).connect(&url()).await.unwrap();
+    let gate = std::sync::Arc::new(common::Gate::new());
+    let done = std::sync::Arc::new(AtomicU32::new(0));
+    let running = ruststream::App::new()
+        .broker(redis.clone())
+        .job_queue(ruststream::ingress::JobQueueSettings::default().max_queued_jobs(M))
+        .subscriber(Blocked {
+            stream: stream.clone(),
+            gate: std::sync::Arc::clone(&gate),
+            done: std::sync::Arc::clone(&done),
+        })
+        .start()
+        .await
+        .unwrap();
+    for i in 0..N {
+        let message = Message::new(i.to_string()).with_key(format!("k{}", i % 2));
+        redis.publish_message(&stream, message, None).await.unwrap();
+    }
+    until(10, "the app is saturated", || {
+        let p = running.pressure();
+        p.in_use == M && p.waiters == 1
+    })
+    .await;
+    let client = redis::Client::open(url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let groups: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let delivered = groups.groups[0].pending;
+    assert!(
+        delivered <= M + IN_FLIGHT,
+        "Redis delivered {delivered} entries to an app that holds {M} permits and runs {IN_FLIGHT}"
+    );
+    gate.open();
+    until(20, "every entry handled", || {
+        done.load(Ordering::SeqCst) == N
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    delete_keys(&url(), &stream).await;
+}

@@ -70,7 +70,8 @@ async fn open<B: Broker, S: Subscriber>(
     config: SubscriberConfig,
     cx: StartContext,
 ) -> Result<Opened<B, S>> {
-    let subscription = broker.subscribe(config.subscribe_options()).await?;
+    let mut subscription = broker.subscribe(config.subscribe_options()).await?;
+    subscription.use_job_queue(cx.app.jobs());
     let registration = subscription
         .receive_flow()
         .map(|flow| cx.app.jobs().register(flow));

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::ingress::ReceiveFlow;
+use crate::ingress::{JobQueue, ReceiveFlow};
 use crate::{Envelope, Message, Result, Text};
 
 /// What a subscriber asks a broker for.
@@ -126,6 +126,16 @@ pub trait Subscription: Send + 'static {
     /// pause, and for bindings without one.
     fn receive_flow(&self) -> Option<Arc<dyn ReceiveFlow>> {
         None
+    }
+
+    /// The app's job queue, handed over before the first `next`. A binding
+    /// that reads in batches takes one more permit (without waiting) for
+    /// every record it asks for beyond the first — the runtime holds the
+    /// permit for that one — and keeps each with its buffered record until
+    /// it hands the record out, so a read never asks for more records than
+    /// permits are held (JQ-7). The default ignores it.
+    fn use_job_queue(&mut self, jobs: &Arc<JobQueue>) {
+        let _ = jobs;
     }
 }
 

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::{RedisBroker, field, transport};
 use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Delivery, SubscribeOptions, Subscription};
-use crate::ingress::ReceiveFlow;
+use crate::ingress::{JobPermit, JobQueue, ReceiveFlow};
 use crate::message::header;
 use crate::{Envelope, Error, Message, Result, Text};
 
@@ -27,7 +27,10 @@ pub struct RedisSubscription {
     flow: Option<Arc<PullFlow>>,
     shared: Arc<Shared>,
     consumer: String,
-    buffer: VecDeque<(StreamId, u32)>,
+    /// Read records, each with the job permit it was asked for under
+    /// (`None` for the first of a read: the runtime's own permit covers it).
+    buffer: VecDeque<(StreamId, u32, Option<JobPermit>)>,
+    jobs: Option<Arc<JobQueue>>,
     last_claim: Instant,
     /// A fan-out subscription's group is its own: destroyed when it drops.
     own_group: bool,
@@ -79,6 +82,7 @@ impl RedisSubscription {
             flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
             consumer: format!("rs-{pid}-{n}"),
             buffer: VecDeque::new(),
+            jobs: None,
             last_claim: Instant::now(),
             own_group,
             shared: Arc::new(Shared {
@@ -127,32 +131,82 @@ impl RedisSubscription {
             .collect();
         for entry in claimed.claimed {
             let attempt = counts.get(entry.id.as_str()).copied().unwrap_or(2);
-            self.buffer
-                .push_back((entry, u32::try_from(attempt).unwrap_or(u32::MAX)));
+            let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
+            // Claims are bounded by read_count like reads; they are rare
+            // (nacks, crashed consumers), so they carry no extra permits.
+            self.buffer.push_back((entry, attempt, None));
         }
         Ok(())
     }
 
+    /// Permits for a read beyond the first record: as many as are free now,
+    /// up to `read_count − 1`, taken without waiting.
+    fn extra_permits(&self) -> Vec<JobPermit> {
+        let want = self.shared.broker.inner.settings.read_count - 1;
+        let Some(jobs) = &self.jobs else {
+            return Vec::new();
+        };
+        std::iter::from_fn(|| jobs.try_acquire())
+            .take(want)
+            .collect()
+    }
+
+    /// Reads new entries. With the app's job queue, a read asks for one
+    /// record (the runtime's permit) plus one per extra permit it could take
+    /// now, and only a read that asks for one record blocks: extra permits
+    /// are never held while waiting for data, so other subscriptions are
+    /// not starved of them.
     async fn read(&mut self) -> redis::RedisResult<()> {
+        let settings = &self.shared.broker.inner.settings;
+        let permits = self.extra_permits();
+        if self.jobs.is_none() {
+            return self.read_count(settings.read_count, true, Vec::new()).await;
+        }
+        if permits.is_empty() {
+            return self.read_count(1, true, permits).await;
+        }
+        let count = permits.len() + 1;
+        self.read_count(count, false, permits).await?;
+        if self.buffer.is_empty() {
+            // Nothing waiting: block for one, holding no extra permit.
+            return self.read_count(1, true, Vec::new()).await;
+        }
+        Ok(())
+    }
+
+    async fn read_count(
+        &mut self,
+        count: usize,
+        block: bool,
+        mut permits: Vec<JobPermit>,
+    ) -> redis::RedisResult<()> {
         let settings = &self.shared.broker.inner.settings;
         // Buffered acks ride along in the same round trip.
         let mut pipe = redis::pipe();
         self.shared.broker.take_acks(&mut pipe);
-        pipe.cmd("XREADGROUP")
+        let read = pipe
+            .cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&self.shared.group)
             .arg(&self.consumer)
             .arg("COUNT")
-            .arg(settings.read_count)
-            .arg("BLOCK")
-            .arg(settings.block.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(&self.shared.stream)
-            .arg(">");
-        let (reply,): (Option<StreamReadReply>,) = pipe.query_async(&mut self.reader).await?;
-        for key in reply.into_iter().flat_map(|r| r.keys) {
-            self.buffer.extend(key.ids.into_iter().map(|id| (id, 1)));
+            .arg(count);
+        if block {
+            read.arg("BLOCK").arg(settings.block.as_millis() as u64);
         }
+        read.arg("STREAMS").arg(&self.shared.stream).arg(">");
+        let (reply,): (Option<StreamReadReply>,) = pipe.query_async(&mut self.reader).await?;
+        for (i, entry) in reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|key| key.ids)
+            .enumerate()
+        {
+            let permit = if i == 0 { None } else { permits.pop() };
+            self.buffer.push_back((entry, 1, permit));
+        }
+        // Permits for records that did not come go back now.
+        drop(permits);
         Ok(())
     }
 }
@@ -166,13 +220,19 @@ impl Subscription for RedisSubscription {
             .map(|flow| Arc::clone(flow) as Arc<dyn ReceiveFlow>)
     }
 
+    fn use_job_queue(&mut self, jobs: &Arc<JobQueue>) {
+        self.jobs = Some(Arc::clone(jobs));
+    }
+
     async fn next(&mut self) -> Option<RedisDelivery> {
         let mut backoff = Duration::from_millis(50);
         loop {
             if self.shared.broker.ensure_open().is_err() {
                 return None;
             }
-            if let Some((entry, attempt)) = self.buffer.pop_front() {
+            if let Some((entry, attempt, permit)) = self.buffer.pop_front() {
+                // The runtime holds a permit for this record now.
+                drop(permit);
                 return Some(RedisDelivery::new(entry, attempt, &self.shared));
             }
             if let Some(flow) = &self.flow {
