@@ -5,7 +5,7 @@
 //! |---|---|---|---|
 //! | `ruststream_malformed_total` | counter | `subject` | payloads that failed decode and never reached a handler (JQ-13) |
 //! | `ruststream_oversized_total` | counter | `subject` | messages over the subscriber's `max_message_size`, refused before decode (JQ-20) |
-//! | `ruststream_late_replies_total` | counter | `binding` | replies that arrived after their request ended (first terminal wins; JQ-17) |
+//! | `ruststream_late_replies_total` | counter | `binding` | replies that arrived after their request ended (first terminal wins; JQ-17): `memory`, `redis` |
 //! | `ruststream_connection_events_total` | counter | `binding`, `event` | connection events of a broker client: `disconnected`, `connected`, `slow_consumer`, `pull_failed`, … |
 //! | `ruststream_handler_errors_total` | counter | `subject` | handler errors and panics |
 //! | `ruststream_rejected_total` | counter | `subject` | deliveries rejected (dead-lettered or dropped) |

@@ -1,6 +1,7 @@
 //! The Redis Streams binding against a real redis-server: the conformance
-//! suite, a crashed consumer's pending entries claimed by a live one, the
-//! dead-letter stream's content, and a server restart mid-stream on a server
+//! suite (request/reply included), a crashed consumer's pending entries
+//! claimed by a live one, the dead-letter stream's content, an app-level
+//! request with a handler error, and a server restart mid-stream on a server
 //! of the test's own.
 //!
 //! Needs Redis on `RUSTSTREAM_REDIS_URL` (default `redis://127.0.0.1:6379`);
@@ -75,9 +76,7 @@ impl Harness for Streams {
     type Broker = RedisBroker;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::all()
-            .without_request_reply()
-            .without_wildcards()
+        Capabilities::all().without_wildcards()
     }
 
     async fn connect(&self, _prefix: &str) -> Result<RedisBroker> {
@@ -91,15 +90,9 @@ impl Harness for Streams {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_streams_conform() {
-    let report = conformance::run_one_way(&Streams).await;
+    let report = conformance::run(&Streams).await;
     report.assert_passed();
-    assert_eq!(
-        report.skipped,
-        [
-            "wildcards_match_one_and_many_tokens",
-            "request_reply_round_trip"
-        ]
-    );
+    assert_eq!(report.skipped, ["wildcards_match_one_and_many_tokens"]);
 }
 
 fn text(env: &Envelope) -> String {
@@ -466,4 +459,38 @@ async fn count_never_exceeds_the_permits_held() {
     .await;
     running.shutdown().await.unwrap();
     delete_keys(&url(), &stream).await;
+}
+
+#[ruststream::subscriber("rs_test.redis.double", queue_group = "math")]
+async fn double(n: u64) -> Result<u64, ruststream::HandlerError> {
+    if n == 0 {
+        return Err(ruststream::HandlerError::reject("zero is not allowed"));
+    }
+    Ok(n * 2)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_serves_requests_over_redis() {
+    let redis = redis_at(&url()).await;
+    let running = ruststream::App::new()
+        .broker(redis.clone())
+        .subscriber(double)
+        .start()
+        .await
+        .unwrap();
+    let client = ruststream::Publisher::new(redis.clone());
+    let four: u64 = client
+        .request("rs_test.redis.double", &2u64, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(four, 4);
+    let refused = client
+        .request::<_, u64>("rs_test.redis.double", &0u64, Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(refused, Err(ruststream::Error::Handler(_))),
+        "{refused:?}"
+    );
+    running.shutdown().await.unwrap();
+    delete_keys(&url(), "rs_test.redis.double").await;
 }

@@ -18,8 +18,13 @@
 //!   never stalls publishes; the connections reconnect by themselves and a
 //!   failed read is logged, counted and retried.
 //!
-//! No wildcards (a stream key is exact) and no request/reply.
+//! * Request/reply: a request is an entry with a reply channel; the reply is
+//!   a pub/sub message on it, delivered straight to the caller by the
+//!   broker's inbox (one `PSUBSCRIBE`), never through a stream (JQ-6).
+//!
+//! No wildcards: a stream key is exact.
 
+mod reply;
 mod subscription;
 
 use std::collections::HashMap;
@@ -61,6 +66,8 @@ struct Inner {
     acks: Mutex<HashMap<(String, String), Vec<String>>>,
     /// Acks buffered in `acks`, all keys together.
     buffered: AtomicUsize,
+    /// The reply inbox, started by the first request.
+    inbox: tokio::sync::Mutex<Option<Arc<reply::Inbox>>>,
 }
 
 impl std::fmt::Debug for RedisBroker {
@@ -167,6 +174,7 @@ impl RedisBrokerBuilder {
                 closed: AtomicBool::new(false),
                 acks: Mutex::new(HashMap::new()),
                 buffered: AtomicUsize::new(0),
+                inbox: tokio::sync::Mutex::new(None),
             }),
         })
     }
@@ -210,6 +218,17 @@ impl RedisBroker {
     /// A command on the shared connection.
     pub(crate) fn conn(&self) -> ConnectionManager {
         self.inner.conn.clone()
+    }
+
+    /// The reply inbox, started on first use.
+    async fn inbox(&self) -> Result<Arc<reply::Inbox>> {
+        let mut inbox = self.inner.inbox.lock().await;
+        if let Some(inbox) = &*inbox {
+            return Ok(Arc::clone(inbox));
+        }
+        let started = reply::Inbox::start(&self.inner.client).await?;
+        *inbox = Some(Arc::clone(&started));
+        Ok(started)
     }
 
     /// Buffers the ack of `id`; sends every buffered ack when the window is
@@ -321,7 +340,14 @@ impl Broker for RedisBroker {
         self.ensure_open()?;
         let deadline =
             deadline.unwrap_or_else(|| Instant::now() + self.inner.settings.publish_timeout);
-        let cmd = self.xadd(subject, &message);
+        // A reply goes to its caller's inbox channel, not to a stream.
+        let cmd = if subject.starts_with(reply::PREFIX) {
+            let mut cmd = redis::cmd("PUBLISH");
+            cmd.arg(subject).arg(reply::encode(&message).as_ref());
+            cmd
+        } else {
+            self.xadd(subject, &message)
+        };
         let mut conn = self.conn();
         match tokio::time::timeout_at(deadline, cmd.query_async::<redis::Value>(&mut conn)).await {
             Ok(Ok(_)) => Ok(()),
