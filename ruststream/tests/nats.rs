@@ -8,19 +8,19 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{Gate, until, within};
-use ruststream::bytes::Bytes;
+use common::blocked::Blocked;
+use common::server::OwnServer;
+use common::{unique, until, within};
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::JobQueueSettings;
 use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
 use ruststream::{
-    App, Broker, Codec, Delivery, Envelope, Json, Message, Outcome, Result, Scope, SendSubscriber,
-    SubscribeOptions, Subscriber, SubscriberConfig, Subscription,
+    App, Broker, Delivery, Envelope, Message, Result, SubscribeOptions, SubscriberConfig,
+    Subscription,
 };
 
 const START: &str = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server \
@@ -38,20 +38,6 @@ async fn nats() -> NatsBroker {
         Ok(nats) => nats,
         Err(err) => panic!("NATS is not reachable at {url}: {err}\nstart it with: {START}"),
     }
-}
-
-/// A name no other run uses.
-fn unique(prefix: &str) -> String {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "{prefix}{}x{nanos}x{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 fn stream_name(prefix: &str) -> String {
@@ -157,49 +143,6 @@ async fn jetstream_nak_with_delay_redelivers_no_sooner() {
 
 // ------------------------------------------------------------- over-fetch
 
-/// A subscriber built at run time (its subject has a random suffix).
-struct Blocked {
-    subject: String,
-    gate: Arc<Gate>,
-    done: Arc<AtomicU32>,
-}
-
-impl Subscriber for Blocked {
-    type Body = Bytes;
-    type Codec = Json;
-
-    fn config(&self) -> SubscriberConfig {
-        SubscriberConfig::new(self.subject.as_str())
-            .queue_group("overfetch")
-            .workers_by_key(2)
-    }
-
-    fn decode(&self, payload: &Bytes) -> std::result::Result<Bytes, ruststream::BoxError> {
-        let _ = Json::CONTENT_TYPE;
-        Ok(payload.clone())
-    }
-
-    fn handle(&self, body: Bytes, scope: &Scope<'_>) -> impl Future<Output = Outcome> {
-        self.handle_send(body, scope)
-    }
-}
-
-impl SendSubscriber for Blocked {
-    fn handle_send(
-        &self,
-        _body: Bytes,
-        _scope: &Scope<'_>,
-    ) -> impl Future<Output = Outcome> + Send {
-        let gate = Arc::clone(&self.gate);
-        let done = Arc::clone(&self.done);
-        async move {
-            gate.pass().await;
-            done.fetch_add(1, Ordering::SeqCst);
-            Outcome::Ack(None)
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_app_never_over_fetches_from_jetstream() {
     const M: usize = 4;
@@ -221,16 +164,16 @@ async fn a_saturated_app_never_over_fetches_from_jetstream() {
         let message = Message::new(i.to_string()).with_key(format!("k{}", i % 2));
         js.publish_message(&subject, message, None).await.unwrap();
     }
-    let gate = Arc::new(Gate::new());
-    let done = Arc::new(AtomicU32::new(0));
+    let blocked = Blocked::new(
+        SubscriberConfig::new(subject.as_str())
+            .queue_group("overfetch")
+            .workers_by_key(2),
+    );
+    let (gate, done) = (Arc::clone(&blocked.gate), Arc::clone(&blocked.done));
     let running = App::new()
         .broker(js.clone())
         .job_queue(JobQueueSettings::default().max_queued_jobs(M))
-        .subscriber(Blocked {
-            subject: subject.clone(),
-            gate: Arc::clone(&gate),
-            done: Arc::clone(&done),
-        })
+        .subscriber(blocked)
         .start()
         .await
         .unwrap();
@@ -266,77 +209,15 @@ async fn a_saturated_app_never_over_fetches_from_jetstream() {
 
 // ------------------------------------------------------------- restart
 
-/// A nats-server of this test's own on a free loopback port, with its own
-/// JetStream directory; killed when dropped. The shared server is never
-/// touched.
-struct OwnServer {
-    child: Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
-
-impl OwnServer {
-    fn start(port: u16, dir: &std::path::Path) -> Child {
-        Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|err| {
-                panic!("cannot run nats-server ({err}); install it: apt-get install nats-server")
-            })
-    }
-
-    async fn new() -> OwnServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(unique("rs-nats-"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let server = OwnServer {
-            child: Self::start(port, &dir),
-            port,
-            dir,
-        };
-        server.wait_up().await;
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    async fn wait_up(&self) {
-        let port = self.port;
-        until(10, "the test's nats-server accepts connections", || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        })
-        .await;
-    }
-
-    async fn restart(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        self.child = Self::start(self.port, &self.dir);
-        self.wait_up().await;
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restart_mid_stream_loses_no_jetstream_message() {
-    let mut server = OwnServer::new().await;
-    let js = NatsBroker::connect(&server.url())
+    let mut server = OwnServer::start(
+        "nats-server",
+        &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd"],
+    )
+    .await;
+    let url = format!("nats://127.0.0.1:{}", server.port);
+    let js = NatsBroker::connect(&url)
         .await
         .unwrap()
         .jetstream(

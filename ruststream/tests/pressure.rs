@@ -9,20 +9,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{Gate, until, within};
+use common::{Gate, queue, until, within};
 use ruststream::ingress::{JobQueueProfile, JobQueueSettings, PressureState};
 use ruststream::prelude::*;
-use ruststream::{CoreHwm, CoreHwmProfile, Error, QueueStats, SubscribeOptions, reply_result};
+use ruststream::{CoreHwm, CoreHwmProfile, Error, SubscribeOptions, reply_result};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-
-fn queue(broker: &MemoryBroker, subject: &str) -> QueueStats {
-    broker
-        .queues()
-        .into_iter()
-        .find(|q| q.subject.as_str() == subject)
-        .unwrap_or_else(|| panic!("a queue for {subject}"))
-}
 
 fn soon() -> Option<Instant> {
     Some(Instant::now() + Duration::from_millis(50))

@@ -10,11 +10,12 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{until, within};
+use common::blocked::Blocked;
+use common::server::OwnServer;
+use common::{unique, until, within};
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::redis::{RedisBroker, RedisBrokerBuilder};
 use ruststream::{
@@ -41,15 +42,6 @@ async fn redis_at(url: &str) -> RedisBroker {
         Ok(redis) => redis,
         Err(err) => panic!("Redis is not reachable at {url}: {err}\nstart it with: {START}"),
     }
-}
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}{}x{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// Deletes every key starting with `prefix`.
@@ -191,85 +183,27 @@ async fn reject_copies_the_entry_to_the_dead_letter_stream_with_the_reason() {
     delete_keys(&url(), &stream).await;
 }
 
-/// A redis-server of this test's own on a free loopback port (with an
-/// append-only file, so a restart keeps the stream); killed when dropped.
-struct OwnServer {
-    child: Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
-
-impl OwnServer {
-    fn start(port: u16, dir: &std::path::Path) -> Child {
-        Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args([
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|err| {
-                panic!("cannot run redis-server ({err}); install it: apt-get install redis-server")
-            })
-    }
-
-    async fn new() -> OwnServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(unique("rs-redis-"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let server = OwnServer {
-            child: Self::start(port, &dir),
-            port,
-            dir,
-        };
-        server.wait_up().await;
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    async fn wait_up(&self) {
-        let port = self.port;
-        until(10, "the test's redis-server accepts connections", || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        })
-        .await;
-    }
-
-    async fn restart(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        self.child = Self::start(self.port, &self.dir);
-        self.wait_up().await;
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_mid_stream_loses_no_entry() {
-    let mut server = OwnServer::new().await;
-    let redis = redis_at(&server.url()).await;
+    // An append-only file, so a restart keeps the stream.
+    let mut server = OwnServer::start(
+        "redis-server",
+        &[
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--dir",
+        ],
+    )
+    .await;
+    let redis = redis_at(&format!("redis://127.0.0.1:{}", server.port)).await;
     let mut sub = redis
         .subscribe(SubscribeOptions::new("restart.jobs").queue_group("workers"))
         .await
@@ -358,57 +292,6 @@ async fn paused_receive_flow_issues_no_read() {
     delete_keys(&url(), &stream).await;
 }
 
-/// A subscriber built at run time (its stream has a random suffix), whose
-/// handler waits at a gate.
-struct Blocked {
-    stream: String,
-    gate: std::sync::Arc<common::Gate>,
-    done: std::sync::Arc<AtomicU32>,
-}
-
-impl ruststream::Subscriber for Blocked {
-    type Body = ruststream::bytes::Bytes;
-    type Codec = ruststream::Json;
-
-    fn config(&self) -> ruststream::SubscriberConfig {
-        ruststream::SubscriberConfig::new(self.stream.as_str())
-            .queue_group("counted")
-            .receive_flow(false)
-            .workers_by_key(2)
-    }
-
-    fn decode(
-        &self,
-        payload: &ruststream::bytes::Bytes,
-    ) -> std::result::Result<Self::Body, ruststream::BoxError> {
-        Ok(payload.clone())
-    }
-
-    fn handle(
-        &self,
-        body: Self::Body,
-        scope: &ruststream::Scope<'_>,
-    ) -> impl Future<Output = ruststream::Outcome> {
-        ruststream::SendSubscriber::handle_send(self, body, scope)
-    }
-}
-
-impl ruststream::SendSubscriber for Blocked {
-    fn handle_send(
-        &self,
-        _body: Self::Body,
-        _scope: &ruststream::Scope<'_>,
-    ) -> impl Future<Output = ruststream::Outcome> + Send {
-        let gate = std::sync::Arc::clone(&self.gate);
-        let done = std::sync::Arc::clone(&self.done);
-        async move {
-            gate.pass().await;
-            done.fetch_add(1, Ordering::SeqCst);
-            ruststream::Outcome::Ack(None)
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_never_exceeds_the_permits_held() {
     const M: usize = 5;
@@ -417,16 +300,20 @@ async fn count_never_exceeds_the_permits_held() {
     let stream = unique("count.");
     // Reads could ask for 100 records; the permits say otherwise.
     let redis = quick().read_count(100).connect(&url()).await.unwrap();
-    let gate = std::sync::Arc::new(common::Gate::new());
-    let done = std::sync::Arc::new(AtomicU32::new(0));
+    let blocked = Blocked::new(
+        ruststream::SubscriberConfig::new(stream.as_str())
+            .queue_group("counted")
+            .receive_flow(false)
+            .workers_by_key(2),
+    );
+    let (gate, done) = (
+        std::sync::Arc::clone(&blocked.gate),
+        std::sync::Arc::clone(&blocked.done),
+    );
     let running = ruststream::App::new()
         .broker(redis.clone())
         .job_queue(ruststream::ingress::JobQueueSettings::default().max_queued_jobs(M))
-        .subscriber(Blocked {
-            stream: stream.clone(),
-            gate: std::sync::Arc::clone(&gate),
-            done: std::sync::Arc::clone(&done),
-        })
+        .subscriber(blocked)
         .start()
         .await
         .unwrap();

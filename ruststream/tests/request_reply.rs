@@ -10,19 +10,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{frame, until, within};
+use common::{frame, queue, until, within};
 use ruststream::ingress::JobQueueSettings;
 use ruststream::prelude::*;
-use ruststream::{CoreHwm, Error, QueueStats, SubscribeOptions};
+use ruststream::{CoreHwm, Error, SubscribeOptions};
 use tokio::sync::Notify;
-
-fn queue(broker: &MemoryBroker, subject: &str) -> QueueStats {
-    broker
-        .queues()
-        .into_iter()
-        .find(|q| q.subject.as_str() == subject)
-        .unwrap_or_else(|| panic!("a queue for {subject}"))
-}
 
 /// The text of a delivery's payload.
 fn text(delivery: &impl Delivery) -> String {

@@ -7,19 +7,11 @@ mod common;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{Gate, counter, frame, install_metrics, until, within};
+use common::{Gate, counter, frame, install_metrics, queue, until, within};
 use ruststream::prelude::*;
-use ruststream::{CoreHwm, Error, QueueStats, SubscribeOptions, header, metrics};
+use ruststream::{CoreHwm, Error, SubscribeOptions, header, metrics};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-
-fn queue(broker: &MemoryBroker, subject: &str) -> QueueStats {
-    broker
-        .queues()
-        .into_iter()
-        .find(|q| q.subject.as_str() == subject)
-        .unwrap_or_else(|| panic!("a queue for {subject}"))
-}
 
 fn soon() -> Instant {
     Instant::now() + Duration::from_millis(30)

@@ -6,18 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gate, counter, install_metrics, observe, until, within};
+use common::{Gate, counter, install_metrics, observe, queue, until, within};
 use ruststream::ingress::JobQueueSettings;
 use ruststream::prelude::*;
-use ruststream::{Envelope, Error, QueueStats, metrics, reply_result};
-
-fn queue(broker: &MemoryBroker, subject: &str) -> QueueStats {
-    broker
-        .queues()
-        .into_iter()
-        .find(|q| q.subject.as_str() == subject)
-        .unwrap_or_else(|| panic!("a queue for {subject}"))
-}
+use ruststream::{Envelope, Error, metrics, reply_result};
 
 static P16_GATE: Gate = Gate::new();
 

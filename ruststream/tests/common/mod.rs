@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod blocked;
+pub mod server;
+
 use std::future::Future;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -134,4 +137,28 @@ pub fn counter(name: &str, label_key: &str, label_value: &str) -> u64 {
         })
         .map(|(.., total)| *total)
         .sum()
+}
+
+/// The memory broker's queue for `subject`, as it is now.
+pub fn queue(broker: &ruststream::MemoryBroker, subject: &str) -> ruststream::QueueStats {
+    broker
+        .queues()
+        .into_iter()
+        .find(|q| q.subject.as_str() == subject)
+        .unwrap_or_else(|| panic!("a queue for {subject}"))
+}
+
+/// A name no other run (or test) uses.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::{SystemTime, UNIX_EPOCH};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}{}x{nanos}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
