@@ -50,3 +50,16 @@ ensure_redis() {
     --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
   wait_port 6379 20 redis-server
 }
+
+ensure_rabbitmq() {
+  if [ -n "${RUSTSTREAM_AMQP_URL:-}" ]; then
+    return 0
+  fi
+  port_open 5672 && return 0
+  echo "RabbitMQ is down on 127.0.0.1:5672: starting it (loopback only)"
+  command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+  local conf=/tmp/ruststream-rabbitmq.conf
+  printf 'listeners.tcp.default = 127.0.0.1:5672\ndistribution.listener.interface = 127.0.0.1\n' >"$conf"
+  ERL_EPMD_ADDRESS=127.0.0.1 RABBITMQ_CONFIG_FILE=$conf rabbitmq-server -detached
+  wait_port 5672 60 rabbitmq-server
+}

@@ -27,10 +27,11 @@ while IFS=: read -r page include; do
 done < <(grep -o '{{#include [^}]*}}' -r book/src | sed 's/{{#include \([^}]*\)}}/\1/')
 [ "$missing" = 0 ]
 
-step "broker services on loopback (NATS, Redis)"
+step "broker services on loopback (NATS, Redis, RabbitMQ)"
 . scripts/services.sh
 ensure_nats
 ensure_redis
+ensure_rabbitmq
 
 step "cargo test --workspace --all-features"
 cargo test --workspace --all-features

@@ -68,6 +68,9 @@ pub use binding::memory::{
 /// The NATS binding (feature `nats`).
 #[cfg(feature = "nats")]
 pub use binding::nats;
+/// The RabbitMQ binding (feature `rabbitmq`).
+#[cfg(feature = "rabbitmq")]
+pub use binding::rabbitmq;
 /// The Redis Streams binding (feature `redis`).
 #[cfg(feature = "redis")]
 pub use binding::redis;

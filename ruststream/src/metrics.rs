@@ -40,7 +40,10 @@ pub(crate) fn late_reply(binding: &'static str) {
 /// Connection events of broker clients.
 pub const CONNECTION_EVENTS: &str = "ruststream_connection_events_total";
 
-#[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "nats", feature = "redis", feature = "rabbitmq")),
+    allow(dead_code)
+)]
 pub(crate) fn connection_event(binding: &'static str, event: &'static str) {
     metrics::counter!(CONNECTION_EVENTS, "binding" => binding, "event" => event).increment(1);
 }

@@ -15,8 +15,10 @@
 pub mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(any(feature = "nats", feature = "redis"))]
+#[cfg(any(feature = "nats", feature = "redis", feature = "rabbitmq"))]
 mod pull_flow;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 

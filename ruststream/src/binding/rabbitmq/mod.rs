@@ -1,0 +1,295 @@
+//! The RabbitMQ binding (feature `rabbitmq`, AMQP 0.9.1 on `lapin`).
+//!
+//! * Subjects are routing keys on one durable topic exchange
+//!   ([`RabbitBrokerBuilder::exchange`], default `ruststream`); `*` matches one
+//!   word and `>` the rest (AMQP `#`).
+//! * A queue group is a durable queue named `<group>@<subject>`, shared by its
+//!   members; a fan-out subscription gets an exclusive, auto-deleted queue of
+//!   its own. Both are declared and bound when the subscription opens, so
+//!   messages published afterwards are kept for it.
+//! * Publishes are persistent and wait for the publisher confirm: `Ok` means
+//!   the broker has the message.
+//! * `ack` is `basic.ack`; `nack` republishes a copy to the same queue with
+//!   attempt + 1 and acks the original (RabbitMQ counts no redeliveries on
+//!   classic queues); `reject` publishes to the dead-letter subject with the
+//!   reason and acks. A delivery dropped unsettled is requeued.
+//! * Prefetch (`basic.qos`) is at most what the app's job queue can take.
+//!
+//! Not yet: request/reply (direct reply-to), coalesced acks, TTL-based
+//! delayed retry, automatic reconnection.
+
+mod subscription;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use tokio::time::Instant;
+
+pub use self::subscription::{RabbitDelivery, RabbitSubscription};
+use crate::binding::{Broker, SubscribeOptions};
+use crate::{Error, Message, Result};
+
+/// Header carrying [`Message::key`].
+const KEY: &str = "ruststream-key";
+/// Header carrying the attempt of a republished redelivery.
+const REDELIVERY: &str = "ruststream-redelivery";
+/// Header carrying the original subject of a redelivery (whose routing key
+/// is the queue's name).
+const SUBJECT: &str = "ruststream-subject";
+
+/// A connection to a RabbitMQ server. Cloning shares it.
+#[derive(Clone)]
+pub struct RabbitBroker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Connection,
+    /// Publishes, with publisher confirms.
+    publisher: lapin::Channel,
+    settings: RabbitBrokerBuilder,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for RabbitBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitBroker")
+            .field("settings", &self.inner.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for a [`RabbitBroker`].
+///
+/// ```no_run
+/// use ruststream::rabbitmq::RabbitBroker;
+///
+/// # async fn run() -> ruststream::Result<()> {
+/// let rabbit = RabbitBroker::builder()
+///     .exchange("orders")
+///     .prefetch(64)
+///     .connect("amqp://guest:guest@127.0.0.1:5672/%2f")
+///     .await?;
+/// # drop(rabbit); Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RabbitBrokerBuilder {
+    exchange: String,
+    prefetch: u16,
+    publish_timeout: Duration,
+}
+
+impl Default for RabbitBrokerBuilder {
+    fn default() -> Self {
+        RabbitBrokerBuilder {
+            exchange: "ruststream".to_owned(),
+            prefetch: 64,
+            publish_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RabbitBrokerBuilder {
+    /// The topic exchange subjects are routed through (default `ruststream`).
+    pub fn exchange(mut self, name: impl Into<String>) -> Self {
+        self.exchange = name.into();
+        self
+    }
+
+    /// Unacked deliveries one subscription may hold (`basic.qos`, default
+    /// 64); never more than the app's job queue can take.
+    pub fn prefetch(mut self, messages: u16) -> Self {
+        self.prefetch = messages.max(1);
+        self
+    }
+
+    /// Deadline of a publish that passes none (default 10 s).
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// Connects to `url` (for example
+    /// `amqp://guest:guest@127.0.0.1:5672/%2f`), declares the exchange and
+    /// opens the publishing channel with confirms.
+    pub async fn connect(self, url: &str) -> Result<RabbitBroker> {
+        let unreachable = |err: lapin::Error| {
+            Error::Transport(format!("cannot connect to RabbitMQ at {url}: {err}").into())
+        };
+        let conn = Connection::connect(url, ConnectionProperties::default())
+            .await
+            .map_err(unreachable)?;
+        let publisher = conn.create_channel().await.map_err(transport)?;
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(transport)?;
+        publisher
+            .exchange_declare(
+                self.exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(transport)?;
+        Ok(RabbitBroker {
+            inner: Arc::new(Inner {
+                conn,
+                publisher,
+                settings: self,
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+}
+
+fn transport(err: lapin::Error) -> Error {
+    Error::Transport(err.into())
+}
+
+impl RabbitBroker {
+    /// Connects with default settings.
+    pub async fn connect(url: &str) -> Result<RabbitBroker> {
+        RabbitBrokerBuilder::default().connect(url).await
+    }
+
+    /// Settings for a new connection.
+    pub fn builder() -> RabbitBrokerBuilder {
+        RabbitBrokerBuilder::default()
+    }
+
+    fn ensure_open(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed("RabbitMQ connection is closed"));
+        }
+        Ok(())
+    }
+
+    /// Publishes `message` to `exchange` with `routing_key` and waits for
+    /// the publisher confirm until `deadline`.
+    pub(crate) async fn publish_to(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: &Message,
+        extra: &[(&str, String)],
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        self.ensure_open()?;
+        let deadline =
+            deadline.unwrap_or_else(|| Instant::now() + self.inner.settings.publish_timeout);
+        let mut headers = FieldTable::default();
+        for (name, value) in message.headers().iter() {
+            headers.insert(name.into(), long(value));
+        }
+        if let Some(key) = message.key() {
+            headers.insert(KEY.into(), long(key));
+        }
+        for (name, value) in extra {
+            headers.insert((*name).into(), long(value));
+        }
+        let mut properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        if let Some(id) = message.correlation_id() {
+            properties = properties.with_correlation_id(ShortString::from(id.as_str()));
+        }
+        if let Some(reply) = message.reply_to() {
+            properties = properties.with_reply_to(ShortString::from(reply.as_str()));
+        }
+        let publish = async {
+            let confirm = self
+                .inner
+                .publisher
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions::default(),
+                    message.payload(),
+                    properties,
+                )
+                .await
+                .map_err(transport)?;
+            match confirm.await.map_err(transport)? {
+                Confirmation::Nack(_) => Err(Error::Transport(
+                    "RabbitMQ refused the message (publisher confirm nack)".into(),
+                )),
+                _ => Ok(()),
+            }
+        };
+        match tokio::time::timeout_at(deadline, publish).await {
+            Ok(result) => result,
+            Err(_) => {
+                crate::metrics::deadline_exceeded("rabbitmq");
+                Err(Error::DeadlineExceeded(
+                    "RabbitMQ did not confirm the publish before the deadline",
+                ))
+            }
+        }
+    }
+}
+
+fn long(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value.as_bytes().to_vec()))
+}
+
+/// An AMQP topic binding key for a subject pattern: `>` becomes `#`.
+fn binding_key(subject: &str) -> String {
+    subject
+        .split('.')
+        .map(|word| if word == ">" { "#" } else { word })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+impl Broker for RabbitBroker {
+    type Subscription = RabbitSubscription;
+
+    fn name(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    async fn subscribe(&self, options: SubscribeOptions) -> Result<RabbitSubscription> {
+        self.ensure_open()?;
+        RabbitSubscription::open(self.clone(), options).await
+    }
+
+    async fn publish_message(
+        &self,
+        subject: &str,
+        message: Message,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        let exchange = self.inner.settings.exchange.clone();
+        self.publish_to(&exchange, subject, &message, &[], deadline)
+            .await
+    }
+
+    /// Closes the connection: unacked deliveries go back to their queues;
+    /// later calls fail with `Error::Closed`. Closing twice is fine.
+    async fn close(&self) -> Result<()> {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match self
+            .inner
+            .conn
+            .close(200, "ruststream closing".into())
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                tracing::debug!(error = %err, "RabbitMQ close");
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! One RabbitMQ subscription: a queue bound to the exchange, consumed on a
+//! channel of its own with a prefetch the app's job queue can take.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+
+use super::{KEY, REDELIVERY, RabbitBroker, SUBJECT, binding_key, transport};
+use crate::binding::pull_flow::PullFlow;
+use crate::binding::{Delivery, SubscribeOptions, Subscription};
+use crate::ingress::{JobQueue, ReceiveFlow};
+use crate::message::header;
+use crate::{Envelope, Message, Result, Text};
+
+/// Where a subscription's consumer is.
+enum Consumer {
+    NotStarted,
+    Starting(tokio::task::JoinHandle<lapin::Result<lapin::Consumer>>),
+    Ready(lapin::Consumer),
+}
+
+/// A RabbitMQ subscription (see [`RabbitBroker`]).
+pub struct RabbitSubscription {
+    channel: lapin::Channel,
+    queue: String,
+    prefetch: u16,
+    consumer: Consumer,
+    flow: Option<Arc<PullFlow>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    broker: RabbitBroker,
+    queue: String,
+    dead_letter: Option<Text>,
+}
+
+impl RabbitSubscription {
+    pub(super) async fn open(broker: RabbitBroker, options: SubscribeOptions) -> Result<Self> {
+        let channel = broker
+            .inner
+            .conn
+            .create_channel()
+            .await
+            .map_err(transport)?;
+        let (name, declare) = match &options.queue_group {
+            Some(group) => (
+                format!("{group}@{}", options.subject),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+            ),
+            None => (
+                String::new(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+            ),
+        };
+        let queue = channel
+            .queue_declare(name.as_str().into(), declare, FieldTable::default())
+            .await
+            .map_err(transport)?;
+        let queue = queue.name().as_str().to_owned();
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                broker.inner.settings.exchange.as_str().into(),
+                binding_key(&options.subject).as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(transport)?;
+        Ok(RabbitSubscription {
+            channel,
+            prefetch: broker.inner.settings.prefetch,
+            consumer: Consumer::NotStarted,
+            flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
+            shared: Arc::new(Shared {
+                broker,
+                queue: queue.clone(),
+                dead_letter: options.dead_letter,
+            }),
+            queue,
+        })
+    }
+
+    /// Starts consuming on the first call, with the prefetch settled by
+    /// then. The setup runs as a task of its own: a `next` cancelled halfway
+    /// (JQ-11: `next` is cancel-safe) never leaves a consumer registered on
+    /// the broker with nobody reading it.
+    async fn consumer(&mut self) -> Result<&mut lapin::Consumer> {
+        if let Consumer::NotStarted = self.consumer {
+            let channel = self.channel.clone();
+            let queue = self.queue.clone();
+            let prefetch = self.prefetch;
+            self.consumer = Consumer::Starting(tokio::spawn(async move {
+                channel
+                    .basic_qos(prefetch, BasicQosOptions::default())
+                    .await?;
+                channel
+                    .basic_consume(
+                        queue.as_str().into(),
+                        "".into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+            }));
+        }
+        if let Consumer::Starting(setup) = &mut self.consumer {
+            let started = setup
+                .await
+                .map_err(|err| crate::Error::Transport(err.into()))
+                .and_then(|result| result.map_err(transport));
+            match started {
+                Ok(consumer) => self.consumer = Consumer::Ready(consumer),
+                Err(err) => {
+                    self.consumer = Consumer::NotStarted;
+                    return Err(err);
+                }
+            }
+        }
+        match &mut self.consumer {
+            Consumer::Ready(consumer) => Ok(consumer),
+            _ => unreachable!("started above"),
+        }
+    }
+}
+
+fn text(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+impl Subscription for RabbitSubscription {
+    type Delivery = RabbitDelivery;
+
+    async fn next(&mut self) -> Option<RabbitDelivery> {
+        if self.shared.broker.ensure_open().is_err() {
+            return None;
+        }
+        if let Some(flow) = &self.flow {
+            flow.running().await;
+        }
+        let consumer = match self.consumer().await {
+            Ok(consumer) => consumer,
+            Err(err) => {
+                tracing::warn!(queue = %self.queue, error = %err, "RabbitMQ consume failed");
+                crate::metrics::connection_event("rabbitmq", "consume_failed");
+                return None;
+            }
+        };
+        let delivery = match consumer.next().await? {
+            Ok(delivery) => delivery,
+            Err(err) => {
+                tracing::warn!(queue = %self.queue, error = %err, "RabbitMQ delivery failed");
+                crate::metrics::connection_event("rabbitmq", "delivery_failed");
+                return None;
+            }
+        };
+        Some(RabbitDelivery::new(delivery, &self.shared))
+    }
+
+    fn receive_flow(&self) -> Option<Arc<dyn ReceiveFlow>> {
+        self.flow
+            .as_ref()
+            .map(|flow| Arc::clone(flow) as Arc<dyn ReceiveFlow>)
+    }
+
+    /// Prefetch never exceeds what the job queue can hold (JQ-4).
+    fn use_job_queue(&mut self, jobs: &Arc<JobQueue>) {
+        let max = u16::try_from(jobs.pressure().max).unwrap_or(u16::MAX);
+        self.prefetch = self.prefetch.min(max).max(1);
+    }
+}
+
+/// A RabbitMQ delivery, unacked until settled; requeued if dropped.
+pub struct RabbitDelivery {
+    env: Envelope,
+    acker: Option<lapin::Acker>,
+    shared: Arc<Shared>,
+}
+
+impl RabbitDelivery {
+    fn new(delivery: lapin::message::Delivery, shared: &Arc<Shared>) -> Self {
+        let mut message = Message::new(bytes::Bytes::from(delivery.data));
+        let mut subject = delivery.routing_key.as_str().to_owned();
+        let mut attempt = 1 + u32::from(delivery.redelivered);
+        if let Some(headers) = delivery.properties.headers() {
+            for (name, value) in headers {
+                let Some(value) = text(value) else { continue };
+                match name.as_str() {
+                    KEY => message = message.with_key(value),
+                    SUBJECT => subject = value,
+                    REDELIVERY => attempt = value.parse().unwrap_or(attempt),
+                    other => message = message.with_header(other, value),
+                }
+            }
+        }
+        if let Some(id) = delivery.properties.correlation_id() {
+            message = message.with_correlation_id(id.as_str());
+        }
+        if let Some(reply) = delivery.properties.reply_to() {
+            message = message.with_reply_to(reply.as_str());
+        }
+        RabbitDelivery {
+            env: Envelope::new(Text::from(subject), message).with_attempt(attempt),
+            acker: Some(delivery.acker),
+            shared: Arc::clone(shared),
+        }
+    }
+
+    async fn ack_now(mut self) -> Result<()> {
+        match self.acker.take() {
+            Some(acker) => acker
+                .ack(BasicAckOptions::default())
+                .await
+                .map(|_| ())
+                .map_err(transport),
+            None => Ok(()),
+        }
+    }
+
+    async fn requeue(mut self) -> Result<()> {
+        match self.acker.take() {
+            Some(acker) => acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ())
+                .map_err(transport),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Delivery for RabbitDelivery {
+    fn envelope(&self) -> &Envelope {
+        &self.env
+    }
+
+    async fn ack(self) -> Result<()> {
+        self.ack_now().await
+    }
+
+    /// A copy goes back to the same queue with attempt + 1, then the
+    /// original is acked; if the copy cannot be published the original is
+    /// requeued instead, so nothing is lost.
+    async fn nack(self) -> Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let attempt = (self.env.attempt() + 1).to_string();
+        let subject = self.env.subject().as_str().to_owned();
+        let copy = shared
+            .broker
+            .publish_to(
+                "",
+                &shared.queue,
+                self.env.message(),
+                &[(REDELIVERY, attempt), (SUBJECT, subject)],
+                None,
+            )
+            .await;
+        match copy {
+            Ok(()) => self.ack_now().await,
+            Err(err) => {
+                self.requeue().await?;
+                Err(err)
+            }
+        }
+    }
+
+    /// Publishes to the dead-letter subject with the reason (when one is
+    /// set), then acks.
+    async fn reject(self, reason: &str) -> Result<()> {
+        let shared = Arc::clone(&self.shared);
+        match &shared.dead_letter {
+            Some(dead_letter) => {
+                let exchange = shared.broker.inner.settings.exchange.clone();
+                let extra = [
+                    (
+                        header::ORIGINAL_SUBJECT,
+                        self.env.subject().as_str().to_owned(),
+                    ),
+                    (header::ERROR, reason.to_owned()),
+                    (header::ATTEMPT, self.env.attempt().to_string()),
+                ];
+                if let Err(err) = shared
+                    .broker
+                    .publish_to(&exchange, dead_letter, self.env.message(), &extra, None)
+                    .await
+                {
+                    self.requeue().await?;
+                    return Err(err);
+                }
+            }
+            None => tracing::warn!(
+                subject = %self.env.subject(),
+                attempt = self.env.attempt(),
+                reason,
+                "message rejected and dropped (no dead-letter subject configured)"
+            ),
+        }
+        self.ack_now().await
+    }
+}
+
+impl Drop for RabbitDelivery {
+    fn drop(&mut self) {
+        let Some(acker) = self.acker.take() else {
+            return;
+        };
+        // Unsettled: back to the queue now (the broker would requeue it when
+        // the channel closes anyway).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = acker
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..Default::default()
+                    })
+                    .await;
+            });
+        }
+    }
+}
+
+impl Drop for RabbitSubscription {
+    fn drop(&mut self) {
+        let channel = self.channel.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = channel.close(200, "subscription closed".into()).await;
+            });
+        }
+    }
+}

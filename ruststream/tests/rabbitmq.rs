@@ -1,0 +1,171 @@
+//! The RabbitMQ binding against a real rabbitmq-server: the conformance
+//! suite (one-way: request/reply is not there yet), the dead-letter content,
+//! and prefetch never above what the app's job queue holds.
+//!
+//! Needs RabbitMQ on `RUSTSTREAM_AMQP_URL` (default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`); `scripts/test.sh` starts it when
+//! it is down. The tests fail — never skip — when it is unreachable.
+
+mod common;
+
+use common::blocked::Blocked;
+use common::{unique, until, within};
+use ruststream::conformance::{self, Capabilities, Harness};
+use ruststream::ingress::JobQueueSettings;
+use ruststream::rabbitmq::RabbitBroker;
+use ruststream::{
+    App, Broker, Delivery, Message, Result, SubscribeOptions, SubscriberConfig, Subscription,
+    header,
+};
+
+const START: &str = "rabbitmq-server -detached with a loopback-only config (see \
+     ../shared/services.md; or run scripts/test.sh, which starts it)";
+
+fn url() -> String {
+    std::env::var("RUSTSTREAM_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+async fn rabbit() -> RabbitBroker {
+    let url = url();
+    match RabbitBroker::connect(&url).await {
+        Ok(rabbit) => rabbit,
+        Err(err) => panic!("RabbitMQ is not reachable at {url}: {err}\nstart it with: {START}"),
+    }
+}
+
+struct Rabbit;
+
+impl Harness for Rabbit {
+    type Broker = RabbitBroker;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::all().without_request_reply()
+    }
+
+    async fn connect(&self, _prefix: &str) -> Result<RabbitBroker> {
+        Ok(rabbit().await)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_conforms() {
+    let report = conformance::run_one_way(&Rabbit).await;
+    report.assert_passed();
+    assert_eq!(report.skipped, ["request_reply_round_trip"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_dead_letters_with_the_reason() {
+    let subject = unique("rs.dlq.");
+    let dead = format!("{subject}.dead");
+    let rabbit = rabbit().await;
+    let mut dlq = rabbit
+        .subscribe(SubscribeOptions::new(dead.as_str()))
+        .await
+        .unwrap();
+    let mut sub = rabbit
+        .subscribe(
+            SubscribeOptions::new(subject.as_str())
+                .queue_group("w")
+                .dead_letter(dead.as_str()),
+        )
+        .await
+        .unwrap();
+    let message = Message::new("poison")
+        .with_header("x-tenant", "acme")
+        .with_key("k1");
+    rabbit
+        .publish_message(&subject, message, None)
+        .await
+        .unwrap();
+    let d = within(10, "the message", sub.next()).await.unwrap();
+    d.reject("cannot parse").await.unwrap();
+    let d = within(10, "the dead letter", dlq.next()).await.unwrap();
+    let env = d.envelope();
+    assert_eq!(env.payload(), "poison".as_bytes());
+    assert_eq!(env.key().map(|k| k.as_str()), Some("k1"));
+    assert_eq!(env.headers().get("x-tenant"), Some("acme"));
+    assert_eq!(env.headers().get(header::ERROR), Some("cannot parse"));
+    assert_eq!(
+        env.headers().get(header::ORIGINAL_SUBJECT),
+        Some(subject.as_str())
+    );
+    d.ack().await.unwrap();
+    rabbit.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_never_exceeds_what_the_job_queue_holds() {
+    const M: usize = 4;
+    const IN_FLIGHT: usize = 2;
+    const N: u32 = 100;
+    let subject = unique("rs.prefetch.");
+    let rabbit = RabbitBroker::builder()
+        .prefetch(1000)
+        .connect(&url())
+        .await
+        .unwrap();
+    let blocked = Blocked::new(
+        SubscriberConfig::new(subject.as_str())
+            .queue_group("prefetch")
+            .receive_flow(false)
+            .workers_by_key(2),
+    );
+    let (gate, done) = (blocked.gate.clone(), blocked.done.clone());
+    let running = App::new()
+        .broker(rabbit.clone())
+        .job_queue(JobQueueSettings::default().max_queued_jobs(M))
+        .subscriber(blocked)
+        .start()
+        .await
+        .unwrap();
+    for i in 0..N {
+        let message = Message::new(i.to_string()).with_key(format!("k{}", i % 2));
+        rabbit
+            .publish_message(&subject, message, None)
+            .await
+            .unwrap();
+    }
+    // Deliveries stop at the prefetch, which the job queue bounds: the
+    // handlers run two, the owner FIFOs hold the rest under their permits.
+    let queue = format!("prefetch@{subject}");
+    within(10, "deliveries stop", async {
+        while queue_depth(&queue).await > N as usize - M {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let waiting = queue_depth(&queue).await;
+    assert!(
+        waiting >= N as usize - (M + IN_FLIGHT),
+        "only {waiting} of {N} still in the queue: more than {M} queued + {IN_FLIGHT} running were delivered"
+    );
+    assert!(running.pressure().in_use <= M);
+    gate.open();
+    until(20, "every message handled", || {
+        done.load(std::sync::atomic::Ordering::SeqCst) == N
+    })
+    .await;
+    running.shutdown().await.unwrap();
+}
+
+/// Messages ready in `queue` (not delivered to any consumer).
+async fn queue_depth(queue: &str) -> usize {
+    let conn = lapin::Connection::connect(&url(), lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    declared.message_count() as usize
+}
