@@ -18,10 +18,11 @@
 //! Not yet: request/reply (direct reply-to), coalesced acks, TTL-based
 //! delayed retry, automatic reconnection.
 
+mod acks;
 mod subscription;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -53,6 +54,8 @@ struct Inner {
     publisher: lapin::Channel,
     settings: RabbitBrokerBuilder,
     closed: AtomicBool,
+    /// Every subscription's ack window, flushed before the connection closes.
+    ack_windows: Mutex<Vec<Weak<acks::Acks>>>,
 }
 
 impl std::fmt::Debug for RabbitBroker {
@@ -80,6 +83,7 @@ impl std::fmt::Debug for RabbitBroker {
 pub struct RabbitBrokerBuilder {
     exchange: String,
     prefetch: u16,
+    ack_window: usize,
     publish_timeout: Duration,
 }
 
@@ -88,6 +92,7 @@ impl Default for RabbitBrokerBuilder {
         RabbitBrokerBuilder {
             exchange: "ruststream".to_owned(),
             prefetch: 64,
+            ack_window: 32,
             publish_timeout: Duration::from_secs(10),
         }
     }
@@ -104,6 +109,15 @@ impl RabbitBrokerBuilder {
     /// 64); never more than the app's job queue can take.
     pub fn prefetch(mut self, messages: u16) -> Self {
         self.prefetch = messages.max(1);
+        self
+    }
+
+    /// Settled acks sent as one `basic.ack(multiple)` at most (default 32).
+    /// Contiguous settled deliveries are acked together when this many wait,
+    /// after at most a millisecond otherwise, and before a channel or the
+    /// connection closes. `1` acks each delivery on its own.
+    pub fn ack_window(mut self, acks: usize) -> Self {
+        self.ack_window = acks.max(1);
         self
     }
 
@@ -146,6 +160,7 @@ impl RabbitBrokerBuilder {
                 publisher,
                 settings: self,
                 closed: AtomicBool::new(false),
+                ack_windows: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -278,6 +293,19 @@ impl Broker for RabbitBroker {
     async fn close(&self) -> Result<()> {
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        let windows: Vec<_> = self
+            .inner
+            .ack_windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .filter_map(|w| w.upgrade())
+            .collect();
+        for window in windows {
+            if let Err(err) = window.flush().await {
+                tracing::warn!(error = %err, "RabbitMQ acks at close failed; the broker redelivers");
+            }
         }
         match self
             .inner

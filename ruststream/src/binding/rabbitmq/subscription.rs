@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
-    QueueDeclareOptions,
+    BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 
+use super::acks::Acks;
 use super::{KEY, REDELIVERY, RabbitBroker, SUBJECT, binding_key, transport};
 use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Delivery, SubscribeOptions, Subscription};
@@ -38,6 +38,7 @@ struct Shared {
     broker: RabbitBroker,
     queue: String,
     dead_letter: Option<Text>,
+    acks: Arc<Acks>,
 }
 
 impl RabbitSubscription {
@@ -80,6 +81,13 @@ impl RabbitSubscription {
             )
             .await
             .map_err(transport)?;
+        let acks = Acks::new(channel.clone(), broker.inner.settings.ack_window);
+        broker
+            .inner
+            .ack_windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(&acks));
         Ok(RabbitSubscription {
             channel,
             prefetch: broker.inner.settings.prefetch,
@@ -89,6 +97,7 @@ impl RabbitSubscription {
                 broker,
                 queue: queue.clone(),
                 dead_letter: options.dead_letter,
+                acks,
             }),
             queue,
         })
@@ -171,6 +180,7 @@ impl Subscription for RabbitSubscription {
                 return None;
             }
         };
+        self.shared.acks.delivered(delivery.delivery_tag);
         Some(RabbitDelivery::new(delivery, &self.shared))
     }
 
@@ -190,6 +200,7 @@ impl Subscription for RabbitSubscription {
 /// A RabbitMQ delivery, unacked until settled; requeued if dropped.
 pub struct RabbitDelivery {
     env: Envelope,
+    tag: u64,
     acker: Option<lapin::Acker>,
     shared: Arc<Shared>,
 }
@@ -218,34 +229,35 @@ impl RabbitDelivery {
         }
         RabbitDelivery {
             env: Envelope::new(Text::from(subject), message).with_attempt(attempt),
+            tag: delivery.delivery_tag,
             acker: Some(delivery.acker),
             shared: Arc::clone(shared),
         }
     }
 
+    /// Acked through the channel's coalescing window.
     async fn ack_now(mut self) -> Result<()> {
-        match self.acker.take() {
-            Some(acker) => acker
-                .ack(BasicAckOptions::default())
-                .await
-                .map(|_| ())
-                .map_err(transport),
-            None => Ok(()),
+        if self.acker.take().is_none() {
+            return Ok(());
         }
+        self.shared.acks.ack(self.tag).await
     }
 
     async fn requeue(mut self) -> Result<()> {
-        match self.acker.take() {
-            Some(acker) => acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..Default::default()
-                })
-                .await
-                .map(|_| ())
-                .map_err(transport),
-            None => Ok(()),
-        }
+        let Some(acker) = self.acker.take() else {
+            return Ok(());
+        };
+        let nacked = acker
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(transport);
+        // Only once the nack is out may a multiple ack pass this tag.
+        self.shared.acks.gone(self.tag);
+        nacked
     }
 }
 
@@ -326,6 +338,7 @@ impl Drop for RabbitDelivery {
         };
         // Unsettled: back to the queue now (the broker would requeue it when
         // the channel closes anyway).
+        let (acks, tag) = (Arc::clone(&self.shared.acks), self.tag);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let _ = acker
@@ -334,6 +347,7 @@ impl Drop for RabbitDelivery {
                         ..Default::default()
                     })
                     .await;
+                acks.gone(tag);
             });
         }
     }
@@ -342,8 +356,11 @@ impl Drop for RabbitDelivery {
 impl Drop for RabbitSubscription {
     fn drop(&mut self) {
         let channel = self.channel.clone();
+        let acks = Arc::clone(&self.shared.acks);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
+                // Settled acks first: closing requeues only what is unsettled.
+                let _ = acks.flush().await;
                 let _ = channel.close(200, "subscription closed".into()).await;
             });
         }
