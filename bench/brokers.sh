@@ -7,7 +7,7 @@
 # (RUSTSTREAM_REDIS_URL, default 127.0.0.1:6379).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --release -p ruststream-bench --features nats,redis --manifest-path "$root/Cargo.toml" >&2
+cargo build --release -p ruststream-bench --features nats,redis,rabbitmq --manifest-path "$root/Cargo.toml" >&2
 bin=${CARGO_TARGET_DIR:-$root/target}/release/ruststream-bench
 n=${N:-100000}
 rounds=5
@@ -23,7 +23,7 @@ for ((round = 1; round <= rounds; round++)); do
   done
 done
 printf '%-16s %12s %8s\n' scenario msgs/s vs-raw
-for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams"; do
+for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "rabbitmq raw-rabbitmq"; do
   read -r fw raw <<<"$pair"
   f=$(echo "${rates[$fw]}" | median)
   r=$(echo "${rates[$raw]}" | median)

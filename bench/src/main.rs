@@ -21,6 +21,19 @@
 mod alloc;
 #[cfg(feature = "nats")]
 mod nats;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
+#[cfg(not(feature = "rabbitmq"))]
+mod rabbitmq {
+    //! Built without the `rabbitmq` feature: no RabbitMQ scenarios.
+    pub const NAMES: &[&str] = &[];
+    pub async fn run(
+        _name: &str,
+        _n: u64,
+    ) -> Option<Result<crate::scenarios::Measurement, ruststream::BoxError>> {
+        None
+    }
+}
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(not(feature = "redis"))]
@@ -61,7 +74,7 @@ fn main() -> ExitCode {
         let names: Vec<&str> = if args[0] == "--list" {
             scenarios::NAMES.to_vec()
         } else {
-            [nats::NAMES, redis::NAMES].concat()
+            [nats::NAMES, redis::NAMES, rabbitmq::NAMES].concat()
         };
         for name in names {
             println!("{name}");
@@ -69,7 +82,10 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let known = |s: &str| {
-        scenarios::NAMES.contains(&s) || nats::NAMES.contains(&s) || redis::NAMES.contains(&s)
+        scenarios::NAMES.contains(&s)
+            || nats::NAMES.contains(&s)
+            || redis::NAMES.contains(&s)
+            || rabbitmq::NAMES.contains(&s)
     };
     let (scenario, n) = match args.as_slice() {
         [scenario, n] if known(scenario) => match n.parse::<u64>() {
@@ -109,6 +125,9 @@ fn main() -> ExitCode {
             return Some(measured);
         }
         if let Some(measured) = redis::run(scenario, n).await {
+            return Some(measured);
+        }
+        if let Some(measured) = rabbitmq::run(scenario, n).await {
             return Some(measured);
         }
         scenarios::run(scenario, Arc::clone(&payloads)).await

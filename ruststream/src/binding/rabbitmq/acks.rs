@@ -33,6 +33,11 @@ pub(crate) struct Acks {
     tags: Mutex<VecDeque<(u64, Tag)>>,
     /// A linger flush is scheduled.
     scheduled: AtomicBool,
+    /// Taking a prefix and sending it happen under this lock, so acks reach
+    /// the broker in tag order: a `multiple` ack for a lower tag sent after
+    /// one for a higher tag would name an already-acked tag, and the broker
+    /// closes the channel for that.
+    sending: tokio::sync::Mutex<()>,
 }
 
 impl Acks {
@@ -42,6 +47,7 @@ impl Acks {
             window: window.max(1),
             tags: Mutex::new(VecDeque::new()),
             scheduled: AtomicBool::new(false),
+            sending: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -57,20 +63,16 @@ impl Acks {
     /// Settles `tag` as acked; sends the ready prefix when the window is
     /// full, else within the linger.
     pub(crate) async fn ack(self: &Arc<Self>, tag: u64) -> Result<()> {
-        let ready = {
+        let full = {
             let mut tags = self.lock();
             set(&mut tags, tag, Tag::Acked);
-            let settled = tags.iter().take_while(|(_, s)| *s != Tag::Open).count();
-            (settled >= self.window)
-                .then(|| take_prefix(&mut tags))
-                .flatten()
+            tags.iter().take_while(|(_, s)| *s != Tag::Open).count() >= self.window
         };
-        match ready {
-            Some(upto) => self.send(upto).await,
-            None => {
-                self.schedule();
-                Ok(())
-            }
+        if full {
+            self.flush().await
+        } else {
+            self.schedule();
+            Ok(())
         }
     }
 
@@ -79,20 +81,18 @@ impl Acks {
         set(&mut self.lock(), tag, Tag::Gone);
     }
 
-    /// Sends every ack that is ready now.
+    /// Sends every ack that is ready now, in tag order.
     pub(crate) async fn flush(&self) -> Result<()> {
+        let _in_order = self.sending.lock().await;
         let ready = take_prefix(&mut self.lock());
         match ready {
-            Some(upto) => self.send(upto).await,
+            Some(upto) => self
+                .channel
+                .basic_ack(upto, BasicAckOptions { multiple: true })
+                .await
+                .map_err(transport),
             None => Ok(()),
         }
-    }
-
-    async fn send(&self, upto: u64) -> Result<()> {
-        self.channel
-            .basic_ack(upto, BasicAckOptions { multiple: true })
-            .await
-            .map_err(transport)
     }
 
     fn schedule(self: &Arc<Self>) {
