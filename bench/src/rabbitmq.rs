@@ -57,7 +57,8 @@ async fn preload(conn: &Connection, queue: &str, n: u64) -> Result<lapin::Channe
         .await?;
     let payload = vec![b'x'; 512];
     for _ in 0..n {
-        let _ = channel
+        // Confirms are awaited together below.
+        let _confirm = channel
             .basic_publish(
                 "".into(),
                 queue.into(),
