@@ -123,6 +123,9 @@ mod book {
     #[cfg(feature = "redis")]
     #[doc = include_str!("../../book/src/redis.md")]
     mod redis {}
+    #[cfg(feature = "rabbitmq")]
+    #[doc = include_str!("../../book/src/rabbitmq.md")]
+    mod rabbitmq {}
 }
 
 /// Re-exported for the prelude's derives and for users' convenience.

@@ -26,9 +26,14 @@ fn url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
+/// Test queues go away a minute after their last consumer.
+fn builder() -> ruststream::rabbitmq::RabbitBrokerBuilder {
+    RabbitBroker::builder().queue_expires(std::time::Duration::from_secs(60))
+}
+
 async fn rabbit() -> RabbitBroker {
     let url = url();
-    match RabbitBroker::connect(&url).await {
+    match builder().connect(&url).await {
         Ok(rabbit) => rabbit,
         Err(err) => panic!("RabbitMQ is not reachable at {url}: {err}\nstart it with: {START}"),
     }
@@ -101,11 +106,7 @@ async fn prefetch_never_exceeds_what_the_job_queue_holds() {
     const IN_FLIGHT: usize = 2;
     const N: u32 = 100;
     let subject = unique("rs.prefetch.");
-    let rabbit = RabbitBroker::builder()
-        .prefetch(1000)
-        .connect(&url())
-        .await
-        .unwrap();
+    let rabbit = builder().prefetch(1000).connect(&url()).await.unwrap();
     let blocked = Blocked::new(
         SubscriberConfig::new(subject.as_str())
             .queue_group("prefetch")

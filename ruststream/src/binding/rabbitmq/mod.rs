@@ -84,6 +84,7 @@ pub struct RabbitBrokerBuilder {
     exchange: String,
     prefetch: u16,
     ack_window: usize,
+    queue_expires: Option<Duration>,
     publish_timeout: Duration,
 }
 
@@ -93,6 +94,7 @@ impl Default for RabbitBrokerBuilder {
             exchange: "ruststream".to_owned(),
             prefetch: 64,
             ack_window: 32,
+            queue_expires: None,
             publish_timeout: Duration::from_secs(10),
         }
     }
@@ -118,6 +120,14 @@ impl RabbitBrokerBuilder {
     /// connection closes. `1` acks each delivery on its own.
     pub fn ack_window(mut self, acks: usize) -> Self {
         self.ack_window = acks.max(1);
+        self
+    }
+
+    /// Delete a queue group's queue after it has had no consumer for this
+    /// long (`x-expires`; default: never — the queue outlives its members,
+    /// as a durable work queue should).
+    pub fn queue_expires(mut self, idle: Duration) -> Self {
+        self.queue_expires = Some(idle);
         self
     }
 

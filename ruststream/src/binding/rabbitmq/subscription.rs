@@ -66,8 +66,13 @@ impl RabbitSubscription {
                 },
             ),
         };
+        let mut arguments = FieldTable::default();
+        if let (Some(_), Some(idle)) = (&options.queue_group, broker.inner.settings.queue_expires) {
+            let ms = u32::try_from(idle.as_millis()).unwrap_or(u32::MAX);
+            arguments.insert("x-expires".into(), AMQPValue::LongUInt(ms));
+        }
         let queue = channel
-            .queue_declare(name.as_str().into(), declare, FieldTable::default())
+            .queue_declare(name.as_str().into(), declare, arguments)
             .await
             .map_err(transport)?;
         let queue = queue.name().as_str().to_owned();
