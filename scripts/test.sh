@@ -37,7 +37,7 @@ step "cargo test --workspace --all-features"
 cargo test --workspace --all-features
 
 step "every example runs and exits 0 on its own"
-for example in quickstart execution_modes lifecycle nats_orders redis_orders; do
+for example in quickstart execution_modes lifecycle nats_orders redis_orders rabbitmq_orders; do
   echo "-- $example"
   timeout 120 cargo run --quiet --example "$example"
 done
