@@ -102,7 +102,11 @@ async fn main() -> ruststream::Result<()> {
     println!(
         "dead-lettered: {} ({})",
         String::from_utf8_lossy(rejected.envelope().payload()),
-        rejected.envelope().headers().get(header::ERROR).unwrap_or("?")
+        rejected
+            .envelope()
+            .headers()
+            .get(header::ERROR)
+            .unwrap_or("?")
     );
     rejected.ack().await?;
     running.shutdown().await?;

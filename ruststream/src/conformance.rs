@@ -531,8 +531,15 @@ async fn request_reply_round_trip<B: Requester>(broker: &B, p: &str) -> Outcome 
             .ok_or("the request has no reply address")?
             .clone();
         let answer = format!("re: {}", text(&d));
+        // A responder echoes the correlation id, as every RPC responder does
+        // (and as ruststream's own replies do): some brokers route replies
+        // by it.
+        let mut reply = Message::new(answer);
+        if let Some(id) = d.envelope().correlation_id() {
+            reply = reply.with_correlation_id(id.clone());
+        }
         broker
-            .publish_message(&reply_to, Message::new(answer), None)
+            .publish_message(&reply_to, reply, None)
             .await
             .map_err(failed("reply"))?;
         d.ack().await.map_err(failed("ack"))

@@ -1,6 +1,6 @@
 //! The RabbitMQ binding against a real rabbitmq-server: the conformance
-//! suite (one-way: request/reply is not there yet), the dead-letter content,
-//! and prefetch never above what the app's job queue holds.
+//! suite (request/reply over direct reply-to included), the dead-letter
+//! content, and prefetch never above what the app's job queue holds.
 //!
 //! Needs RabbitMQ on `RUSTSTREAM_AMQP_URL` (default
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`); `scripts/test.sh` starts it when
@@ -45,7 +45,7 @@ impl Harness for Rabbit {
     type Broker = RabbitBroker;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::all().without_request_reply()
+        Capabilities::all()
     }
 
     async fn connect(&self, _prefix: &str) -> Result<RabbitBroker> {
@@ -55,9 +55,9 @@ impl Harness for Rabbit {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_conforms() {
-    let report = conformance::run_one_way(&Rabbit).await;
+    let report = conformance::run(&Rabbit).await;
     report.assert_passed();
-    assert_eq!(report.skipped, ["request_reply_round_trip"]);
+    assert!(report.skipped.is_empty(), "skipped: {:?}", report.skipped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,10 +15,13 @@
 //!   reason and acks. A delivery dropped unsettled is requeued.
 //! * Prefetch (`basic.qos`) is at most what the app's job queue can take.
 //!
-//! Not yet: request/reply (direct reply-to), coalesced acks, TTL-based
-//! delayed retry, automatic reconnection.
+//! * Request/reply over direct reply-to (`amq.rabbitmq.reply-to`).
+//!
+//! Not yet: TTL-based delayed retry, dead-letter exchange wiring, automatic
+//! reconnection.
 
 mod acks;
+mod reply;
 mod subscription;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,6 +59,8 @@ struct Inner {
     closed: AtomicBool,
     /// Every subscription's ack window, flushed before the connection closes.
     ack_windows: Mutex<Vec<Weak<acks::Acks>>>,
+    /// The request channel, started by the first request.
+    inbox: tokio::sync::Mutex<Option<Arc<reply::Inbox>>>,
 }
 
 impl std::fmt::Debug for RabbitBroker {
@@ -171,6 +176,7 @@ impl RabbitBrokerBuilder {
                 settings: self,
                 closed: AtomicBool::new(false),
                 ack_windows: Mutex::new(Vec::new()),
+                inbox: tokio::sync::Mutex::new(None),
             }),
         })
     }
@@ -211,25 +217,7 @@ impl RabbitBroker {
         self.ensure_open()?;
         let deadline =
             deadline.unwrap_or_else(|| Instant::now() + self.inner.settings.publish_timeout);
-        let mut headers = FieldTable::default();
-        for (name, value) in message.headers().iter() {
-            headers.insert(name.into(), long(value));
-        }
-        if let Some(key) = message.key() {
-            headers.insert(KEY.into(), long(key));
-        }
-        for (name, value) in extra {
-            headers.insert((*name).into(), long(value));
-        }
-        let mut properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_headers(headers);
-        if let Some(id) = message.correlation_id() {
-            properties = properties.with_correlation_id(ShortString::from(id.as_str()));
-        }
-        if let Some(reply) = message.reply_to() {
-            properties = properties.with_reply_to(ShortString::from(reply.as_str()));
-        }
+        let properties = properties(message, extra);
         let publish = async {
             let confirm = self
                 .inner
@@ -259,6 +247,44 @@ impl RabbitBroker {
                 ))
             }
         }
+    }
+}
+
+/// The AMQP properties of `message`: persistent, headers (plus `extra`),
+/// key, correlation id and reply address.
+fn properties(message: &Message, extra: &[(&str, String)]) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    for (name, value) in message.headers().iter() {
+        headers.insert(name.into(), long(value));
+    }
+    if let Some(key) = message.key() {
+        headers.insert(KEY.into(), long(key));
+    }
+    for (name, value) in extra {
+        headers.insert((*name).into(), long(value));
+    }
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(headers);
+    if let Some(id) = message.correlation_id() {
+        properties = properties.with_correlation_id(ShortString::from(id.as_str()));
+    }
+    if let Some(reply) = message.reply_to() {
+        properties = properties.with_reply_to(ShortString::from(reply.as_str()));
+    }
+    properties
+}
+
+impl RabbitBroker {
+    /// The request channel, started on first use.
+    async fn inbox(&self) -> Result<Arc<reply::Inbox>> {
+        let mut inbox = self.inner.inbox.lock().await;
+        if let Some(inbox) = &*inbox {
+            return Ok(Arc::clone(inbox));
+        }
+        let started = Arc::new(reply::Inbox::start(&self.inner.conn).await?);
+        *inbox = Some(Arc::clone(&started));
+        Ok(started)
     }
 }
 
@@ -293,7 +319,13 @@ impl Broker for RabbitBroker {
         message: Message,
         deadline: Option<Instant>,
     ) -> Result<()> {
-        let exchange = self.inner.settings.exchange.clone();
+        // A reply to a direct reply-to address goes through the default
+        // exchange, straight to the requester's channel.
+        let exchange = if subject.starts_with(reply::REPLY_TO) {
+            String::new()
+        } else {
+            self.inner.settings.exchange.clone()
+        };
         self.publish_to(&exchange, subject, &message, &[], deadline)
             .await
     }

@@ -210,32 +210,46 @@ pub struct RabbitDelivery {
     shared: Arc<Shared>,
 }
 
-impl RabbitDelivery {
-    fn new(delivery: lapin::message::Delivery, shared: &Arc<Shared>) -> Self {
-        let mut message = Message::new(bytes::Bytes::from(delivery.data));
-        let mut subject = delivery.routing_key.as_str().to_owned();
-        let mut attempt = 1 + u32::from(delivery.redelivered);
-        if let Some(headers) = delivery.properties.headers() {
-            for (name, value) in headers {
-                let Some(value) = text(value) else { continue };
-                match name.as_str() {
-                    KEY => message = message.with_key(value),
-                    SUBJECT => subject = value,
-                    REDELIVERY => attempt = value.parse().unwrap_or(attempt),
-                    other => message = message.with_header(other, value),
-                }
+/// The envelope of a received delivery (also a direct reply-to reply).
+pub(super) fn envelope(delivery: lapin::message::Delivery) -> Envelope {
+    let lapin::message::Delivery {
+        routing_key,
+        redelivered,
+        properties,
+        data,
+        ..
+    } = delivery;
+    let mut message = Message::new(bytes::Bytes::from(data));
+    let mut subject = routing_key.as_str().to_owned();
+    let mut attempt = 1 + u32::from(redelivered);
+    if let Some(headers) = properties.headers() {
+        for (name, value) in headers {
+            let Some(value) = text(value) else { continue };
+            match name.as_str() {
+                KEY => message = message.with_key(value),
+                SUBJECT => subject = value,
+                REDELIVERY => attempt = value.parse().unwrap_or(attempt),
+                other => message = message.with_header(other, value),
             }
         }
-        if let Some(id) = delivery.properties.correlation_id() {
-            message = message.with_correlation_id(id.as_str());
-        }
-        if let Some(reply) = delivery.properties.reply_to() {
-            message = message.with_reply_to(reply.as_str());
-        }
+    }
+    if let Some(id) = properties.correlation_id() {
+        message = message.with_correlation_id(id.as_str());
+    }
+    if let Some(reply) = properties.reply_to() {
+        message = message.with_reply_to(reply.as_str());
+    }
+    Envelope::new(Text::from(subject), message).with_attempt(attempt)
+}
+
+impl RabbitDelivery {
+    fn new(delivery: lapin::message::Delivery, shared: &Arc<Shared>) -> Self {
+        let tag = delivery.delivery_tag;
+        let acker = delivery.acker.clone();
         RabbitDelivery {
-            env: Envelope::new(Text::from(subject), message).with_attempt(attempt),
-            tag: delivery.delivery_tag,
-            acker: Some(delivery.acker),
+            env: envelope(delivery),
+            tag,
+            acker: Some(acker),
             shared: Arc::clone(shared),
         }
     }
