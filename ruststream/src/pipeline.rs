@@ -342,10 +342,8 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         let Some(reply_to) = env.reply_to() else {
             return;
         };
-        let mut message = message.with_header(
-            Text::from_static(header::STATUS),
-            Text::from_static(status),
-        );
+        let mut message =
+            message.with_header(Text::from_static(header::STATUS), Text::from_static(status));
         if let Some(id) = env.correlation_id() {
             message = message.with_correlation_id(id.clone());
         }
