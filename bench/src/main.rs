@@ -19,45 +19,27 @@
 //!   append `allocs_per_msg`.
 
 mod alloc;
-#[cfg(feature = "nats")]
-mod nats;
-#[cfg(feature = "rabbitmq")]
-mod rabbitmq;
-#[cfg(not(feature = "rabbitmq"))]
-mod rabbitmq {
-    //! Built without the `rabbitmq` feature: no RabbitMQ scenarios.
-    pub const NAMES: &[&str] = &[];
-    pub async fn run(
-        _name: &str,
-        _n: u64,
-    ) -> Option<Result<crate::scenarios::Measurement, ruststream::BoxError>> {
-        None
-    }
+/// A broker's scenario module, or an empty one when the bench is built
+/// without its feature.
+macro_rules! broker_scenarios {
+    ($feature:literal, $module:ident) => {
+        #[cfg(feature = $feature)]
+        mod $module;
+        #[cfg(not(feature = $feature))]
+        mod $module {
+            pub const NAMES: &[&str] = &[];
+            pub async fn run(
+                _name: &str,
+                _n: u64,
+            ) -> Option<Result<crate::scenarios::Measurement, ruststream::BoxError>> {
+                None
+            }
+        }
+    };
 }
-#[cfg(feature = "redis")]
-mod redis;
-#[cfg(not(feature = "redis"))]
-mod redis {
-    //! Built without the `redis` feature: no Redis scenarios.
-    pub const NAMES: &[&str] = &[];
-    pub async fn run(
-        _name: &str,
-        _n: u64,
-    ) -> Option<Result<crate::scenarios::Measurement, ruststream::BoxError>> {
-        None
-    }
-}
-#[cfg(not(feature = "nats"))]
-mod nats {
-    //! Built without the `nats` feature: no NATS scenarios.
-    pub const NAMES: &[&str] = &[];
-    pub async fn run(
-        _name: &str,
-        _n: u64,
-    ) -> Option<Result<crate::scenarios::Measurement, ruststream::BoxError>> {
-        None
-    }
-}
+broker_scenarios!("nats", nats);
+broker_scenarios!("redis", redis);
+broker_scenarios!("rabbitmq", rabbitmq);
 mod payload;
 mod progress;
 mod scenarios;

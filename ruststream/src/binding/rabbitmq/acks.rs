@@ -110,8 +110,18 @@ impl Acks {
     }
 }
 
+/// Marks `tag`. A channel's tags are consecutive and all pass through
+/// [`Acks::delivered`] in order, so its place is its distance from the front.
 fn set(tags: &mut VecDeque<(u64, Tag)>, tag: u64, state: Tag) {
-    if let Some(entry) = tags.iter_mut().find(|(t, _)| *t == tag) {
+    let Some(&(front, _)) = tags.front() else {
+        return;
+    };
+    let at = tag
+        .checked_sub(front)
+        .and_then(|at| usize::try_from(at).ok());
+    if let Some(entry) = at.and_then(|at| tags.get_mut(at))
+        && entry.0 == tag
+    {
         entry.1 = state;
     }
 }

@@ -27,7 +27,6 @@
 mod reply;
 mod subscription;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,6 +48,13 @@ pub(crate) mod field {
     pub const HEADER: &str = "h:";
 }
 
+/// Buffered acks of one stream and group.
+struct AckBatch {
+    stream: String,
+    group: String,
+    ids: Vec<String>,
+}
+
 /// A connection to a Redis server, for Streams. Cloning shares it.
 #[derive(Clone)]
 pub struct RedisBroker {
@@ -61,9 +67,10 @@ struct Inner {
     conn: ConnectionManager,
     settings: RedisBrokerBuilder,
     closed: AtomicBool,
-    /// Acked entry ids not yet sent, by (stream, group): coalesced into one
-    /// `XACK` per stream and group.
-    acks: Mutex<HashMap<(String, String), Vec<String>>>,
+    /// Acked entry ids not yet sent, by stream and group: coalesced into one
+    /// `XACK` each. A broker serves a handful of (stream, group) pairs, so a
+    /// scan that compares `&str`s beats hashing a key built per ack.
+    acks: Mutex<Vec<AckBatch>>,
     /// Acks buffered in `acks`, all keys together.
     buffered: AtomicUsize,
     /// The reply inbox, started by the first request.
@@ -172,7 +179,7 @@ impl RedisBrokerBuilder {
                 conn,
                 settings: self,
                 closed: AtomicBool::new(false),
-                acks: Mutex::new(HashMap::new()),
+                acks: Mutex::new(Vec::new()),
                 buffered: AtomicUsize::new(0),
                 inbox: tokio::sync::Mutex::new(None),
             }),
@@ -236,11 +243,16 @@ impl RedisBroker {
     pub(crate) async fn ack(&self, stream: &str, group: &str, id: String) -> Result<()> {
         let full = {
             let mut acks = self.inner.acks.lock().unwrap_or_else(|e| e.into_inner());
-            match acks.get_mut(&(stream.to_owned(), group.to_owned())) {
-                Some(ids) => ids.push(id),
-                None => {
-                    acks.insert((stream.to_owned(), group.to_owned()), vec![id]);
-                }
+            match acks
+                .iter_mut()
+                .find(|b| b.stream == stream && b.group == group)
+            {
+                Some(batch) => batch.ids.push(id),
+                None => acks.push(AckBatch {
+                    stream: stream.to_owned(),
+                    group: group.to_owned(),
+                    ids: vec![id],
+                }),
             }
             self.inner.buffered.fetch_add(1, Ordering::AcqRel) + 1 >= self.inner.settings.ack_window
         };
@@ -268,8 +280,12 @@ impl RedisBroker {
             std::mem::take(&mut *acks)
         };
         let mut any = false;
-        for ((stream, group), ids) in acks {
-            pipe.cmd("XACK").arg(stream).arg(group).arg(ids).ignore();
+        for batch in acks {
+            pipe.cmd("XACK")
+                .arg(batch.stream)
+                .arg(batch.group)
+                .arg(batch.ids)
+                .ignore();
             any = true;
         }
         any
