@@ -1,6 +1,7 @@
 //! The RabbitMQ binding against a real rabbitmq-server: the conformance
 //! suite (request/reply over direct reply-to included), the dead-letter
-//! content, and prefetch never above what the app's job queue holds.
+//! content, prefetch never above what the app's job queue holds, and a
+//! connection closed by the server recovered without losing a message.
 //!
 //! Needs RabbitMQ on `RUSTSTREAM_AMQP_URL` (default
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`); `scripts/test.sh` starts it when
@@ -169,4 +170,116 @@ async fn queue_depth(queue: &str) -> usize {
         .await
         .unwrap();
     declared.message_count() as usize
+}
+
+/// Closes the connection named `name` from the server side, as an operator
+/// (or a broker restart) would: `rabbitmqctl close_connection`. Only this
+/// test's own connection: the server is shared with the other tests.
+async fn close_connection_named(name: &str) {
+    let pid = within(30, "the connection listed by rabbitmqctl", async {
+        loop {
+            let out = tokio::process::Command::new("rabbitmqctl")
+                .args(["list_connections", "-s", "pid", "client_properties"])
+                .output()
+                .await
+                .expect("rabbitmqctl runs (it comes with rabbitmq-server)");
+            let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+            let quoted = format!("\"{name}\"");
+            if let Some(line) = listing.lines().find(|line| line.contains(&quoted)) {
+                break line.split_whitespace().next().unwrap().to_owned();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    let status = tokio::process::Command::new("rabbitmqctl")
+        .args(["close_connection", &pid, "ruststream reconnect test"])
+        .status()
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "rabbitmqctl close_connection {pid} failed"
+    );
+}
+
+fn body(delivery: &impl Delivery) -> String {
+    String::from_utf8(delivery.envelope().payload().to_vec()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_by_the_server_is_recovered_and_loses_nothing() {
+    let subject = unique("rs.reconnect.");
+    let name = unique("rs-reconnect-");
+    let consuming = builder()
+        .connection_name(name.as_str())
+        .prefetch(4)
+        .ack_window(1)
+        .connect(&url())
+        .await
+        .unwrap();
+    let publisher = rabbit().await;
+    let mut sub = consuming
+        .subscribe(SubscribeOptions::new(subject.as_str()).queue_group("w"))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        publisher
+            .publish_message(&subject, Message::new(i.to_string()), None)
+            .await
+            .unwrap();
+    }
+    let mut handled = std::collections::BTreeSet::new();
+    for _ in 0..2 {
+        let d = within(10, "a delivery", sub.next()).await.unwrap();
+        handled.insert(body(&d));
+        d.ack().await.unwrap();
+    }
+    let held = within(10, "a delivery to hold", sub.next()).await.unwrap();
+    let held_body = body(&held);
+
+    close_connection_named(&name).await;
+
+    // Published while the consumer's connection is down or coming back.
+    for i in 10..15 {
+        publisher
+            .publish_message(&subject, Message::new(i.to_string()), None)
+            .await
+            .unwrap();
+    }
+    // The consumer is re-created on the new connection: everything not
+    // acked before the loss arrives, the held one again with attempt 2.
+    let mut held_again = false;
+    within(60, "every message after the recovery", async {
+        while handled.len() < 15 {
+            let d = sub.next().await.expect("the subscription survives");
+            let b = body(&d);
+            if b == held_body {
+                assert_eq!(d.envelope().attempt(), 2, "redelivered after the loss");
+                held_again = true;
+            }
+            // A delivery read just before the loss cannot be acked any more:
+            // the broker has it again, and it comes back.
+            if d.ack().await.is_ok() {
+                handled.insert(b);
+            }
+        }
+    })
+    .await;
+    assert!(held_again, "the delivery held across the loss came back");
+    // A settlement from before the loss is refused, not applied to a new
+    // delivery that happens to have the same tag.
+    assert!(held.ack().await.is_err(), "a stale ack must fail");
+    // The recovered connection publishes too.
+    consuming
+        .publish_message(&subject, Message::new("after"), None)
+        .await
+        .unwrap();
+    let d = within(10, "a publish after the recovery", sub.next())
+        .await
+        .unwrap();
+    assert_eq!(body(&d), "after");
+    d.ack().await.unwrap();
+    consuming.close().await.unwrap();
+    publisher.close().await.unwrap();
 }

@@ -16,9 +16,10 @@
 //! * Prefetch (`basic.qos`) is at most what the app's job queue can take.
 //!
 //! * Request/reply over direct reply-to (`amq.rabbitmq.reply-to`).
-//!
-//! Not yet: TTL-based delayed retry, dead-letter exchange wiring, automatic
-//! reconnection.
+//! * A lost connection is recovered: the client reconnects with backoff and
+//!   re-creates channels, queues, bindings and consumers; deliveries that
+//!   were unsettled when it broke come back from the broker (attempt + 1),
+//!   and publishes caught by the outage are sent again once it is back.
 
 mod acks;
 mod reply;
@@ -52,6 +53,7 @@ pub struct RabbitBroker {
 }
 
 struct Inner {
+    /// Re-established by the client after a connection loss (auto-recover).
     conn: Connection,
     /// Publishes, with publisher confirms.
     publisher: lapin::Channel,
@@ -86,6 +88,7 @@ impl std::fmt::Debug for RabbitBroker {
 /// ```
 #[derive(Clone, Debug)]
 pub struct RabbitBrokerBuilder {
+    connection_name: String,
     exchange: String,
     prefetch: u16,
     ack_window: usize,
@@ -96,6 +99,7 @@ pub struct RabbitBrokerBuilder {
 impl Default for RabbitBrokerBuilder {
     fn default() -> Self {
         RabbitBrokerBuilder {
+            connection_name: "ruststream".to_owned(),
             exchange: "ruststream".to_owned(),
             prefetch: 64,
             ack_window: 32,
@@ -106,6 +110,13 @@ impl Default for RabbitBrokerBuilder {
 }
 
 impl RabbitBrokerBuilder {
+    /// The connection's name as the broker shows it (`rabbitmqctl
+    /// list_connections user_provided_name`; default `ruststream`).
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
+    }
+
     /// The topic exchange subjects are routed through (default `ruststream`).
     pub fn exchange(mut self, name: impl Into<String>) -> Self {
         self.exchange = name.into();
@@ -149,9 +160,13 @@ impl RabbitBrokerBuilder {
         let unreachable = |err: lapin::Error| {
             Error::Transport(format!("cannot connect to RabbitMQ at {url}: {err}").into())
         };
-        let conn = Connection::connect(url, ConnectionProperties::default())
+        let properties = ConnectionProperties::default()
+            .with_connection_name(self.connection_name.as_str().into())
+            .enable_auto_recover();
+        let conn = Connection::connect(url, properties)
             .await
             .map_err(unreachable)?;
+        watch_connection(&conn);
         let publisher = conn.create_channel().await.map_err(transport)?;
         publisher
             .confirm_select(ConfirmSelectOptions::default())
@@ -180,6 +195,30 @@ impl RabbitBrokerBuilder {
             }),
         })
     }
+}
+
+/// Logs and counts connection events: losses, recoveries, blocking.
+fn watch_connection(conn: &Connection) {
+    let mut events = conn.events_listener();
+    tokio::spawn(async move {
+        use futures_util::StreamExt;
+        while let Some(event) = events.next().await {
+            let name = match &event {
+                lapin::Event::Connected => "connected",
+                lapin::Event::Error(err) => {
+                    tracing::warn!(error = %err, "RabbitMQ connection error; recovering");
+                    "disconnected"
+                }
+                lapin::Event::ConnectionBlocked(reason) => {
+                    tracing::warn!(%reason, "RabbitMQ blocked the connection");
+                    "blocked"
+                }
+                lapin::Event::ConnectionUnblocked => "unblocked",
+                _ => continue,
+            };
+            crate::metrics::connection_event("rabbitmq", name);
+        }
+    });
 }
 
 fn transport(err: lapin::Error) -> Error {
@@ -218,24 +257,33 @@ impl RabbitBroker {
         let deadline =
             deadline.unwrap_or_else(|| Instant::now() + self.inner.settings.publish_timeout);
         let properties = properties(message, extra);
+        let publisher = &self.inner.publisher;
         let publish = async {
-            let confirm = self
-                .inner
-                .publisher
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.into(),
-                    BasicPublishOptions::default(),
-                    message.payload(),
-                    properties,
-                )
-                .await
-                .map_err(transport)?;
-            match confirm.await.map_err(transport)? {
-                Confirmation::Nack(_) => Err(Error::Transport(
-                    "RabbitMQ refused the message (publisher confirm nack)".into(),
-                )),
-                _ => Ok(()),
+            loop {
+                let sent = async {
+                    let confirm = publisher
+                        .basic_publish(
+                            exchange.into(),
+                            routing_key.into(),
+                            BasicPublishOptions::default(),
+                            message.payload(),
+                            properties.clone(),
+                        )
+                        .await?;
+                    confirm.await
+                };
+                match sent.await {
+                    Ok(Confirmation::Nack(_)) => {
+                        return Err(Error::Transport(
+                            "RabbitMQ refused the message (publisher confirm nack)".into(),
+                        ));
+                    }
+                    Ok(_) => return Ok(()),
+                    // Caught by a connection loss: send it again once the
+                    // channel is back (at-least-once: the broker may have it
+                    // twice if only the confirm was lost).
+                    Err(err) => publisher.wait_for_recovery(err).await.map_err(transport)?,
+                }
             }
         };
         match tokio::time::timeout_at(deadline, publish).await {

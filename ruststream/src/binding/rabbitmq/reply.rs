@@ -57,8 +57,21 @@ impl Inbox {
             .map_err(transport)?;
         let waiting: Arc<Mutex<Waiting>> = Arc::default();
         let dispatch = Arc::clone(&waiting);
+        let recovering = channel.clone();
         tokio::spawn(async move {
-            while let Some(Ok(reply)) = replies.next().await {
+            while let Some(reply) = replies.next().await {
+                // A connection loss: requests in flight time out; replies
+                // flow again once the client has re-created the consumer.
+                let reply = match reply {
+                    Ok(reply) => reply,
+                    Err(err) => match recovering.wait_for_recovery(err).await {
+                        Ok(()) => continue,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "RabbitMQ reply consumer ended");
+                            break;
+                        }
+                    },
+                };
                 let id = reply
                     .properties
                     .correlation_id()

@@ -57,8 +57,10 @@ impl RabbitSubscription {
                     ..Default::default()
                 },
             ),
+            // Named here, not by the server: a recovered connection
+            // declares the same name again, and its consumer finds it.
             None => (
-                String::new(),
+                fanout_queue_name(&options.subject),
                 QueueDeclareOptions {
                     exclusive: true,
                     auto_delete: true,
@@ -86,7 +88,7 @@ impl RabbitSubscription {
             )
             .await
             .map_err(transport)?;
-        let acks = Acks::new(channel.clone(), broker.inner.settings.ack_window);
+        let acks = Acks::new(broker.inner.settings.ack_window);
         broker
             .inner
             .ack_windows
@@ -112,7 +114,7 @@ impl RabbitSubscription {
     /// then. The setup runs as a task of its own: a `next` cancelled halfway
     /// (JQ-11: `next` is cancel-safe) never leaves a consumer registered on
     /// the broker with nobody reading it.
-    async fn consumer(&mut self) -> Result<&mut lapin::Consumer> {
+    async fn consumer(&mut self) -> lapin::Result<&mut lapin::Consumer> {
         if let Consumer::NotStarted = self.consumer {
             let channel = self.channel.clone();
             let queue = self.queue.clone();
@@ -132,10 +134,12 @@ impl RabbitSubscription {
             }));
         }
         if let Consumer::Starting(setup) = &mut self.consumer {
-            let started = setup
-                .await
-                .map_err(|err| crate::Error::Transport(err.into()))
-                .and_then(|result| result.map_err(transport));
+            let started = setup.await.unwrap_or_else(|err| {
+                Err(
+                    lapin::ErrorKind::IOError(std::sync::Arc::new(std::io::Error::other(err)))
+                        .into(),
+                )
+            });
             match started {
                 Ok(consumer) => self.consumer = Consumer::Ready(consumer),
                 Err(err) => {
@@ -149,6 +153,43 @@ impl RabbitSubscription {
             _ => unreachable!("started above"),
         }
     }
+
+    /// The channel broke under the consumer: the deliveries it held go back
+    /// to the queue on the broker, so their settlements are refused from now
+    /// on; then wait until the client has reconnected and re-created the
+    /// channel and its consumer. `false` if it cannot recover.
+    async fn recover(&self, err: lapin::Error) -> bool {
+        self.shared.acks.reset();
+        crate::metrics::connection_event("rabbitmq", "consumer_interrupted");
+        tracing::warn!(queue = %self.queue, error = %err, "RabbitMQ consumer interrupted; waiting for recovery");
+        match self.channel.wait_for_recovery(err).await {
+            Ok(()) => {
+                crate::metrics::connection_event("rabbitmq", "consumer_recovered");
+                tracing::info!(queue = %self.queue, "RabbitMQ consumer recovered");
+                true
+            }
+            Err(err) => {
+                crate::metrics::connection_event("rabbitmq", "consume_failed");
+                tracing::warn!(queue = %self.queue, error = %err, "RabbitMQ consumer cannot recover; subscription ends");
+                false
+            }
+        }
+    }
+}
+
+/// A fan-out subscription's own queue name (not `amq.`: that prefix is the
+/// server's).
+fn fanout_queue_name(subject: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "ruststream.fanout.{subject}.{}-{nanos:x}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn text(value: &AMQPValue) -> Option<String> {
@@ -169,24 +210,26 @@ impl Subscription for RabbitSubscription {
         if let Some(flow) = &self.flow {
             flow.running().await;
         }
-        let consumer = match self.consumer().await {
-            Ok(consumer) => consumer,
-            Err(err) => {
-                tracing::warn!(queue = %self.queue, error = %err, "RabbitMQ consume failed");
-                crate::metrics::connection_event("rabbitmq", "consume_failed");
-                return None;
+        loop {
+            let next = match self.consumer().await {
+                Ok(consumer) => consumer.next().await?,
+                Err(err) => Err(err),
+            };
+            match next {
+                // Read from the buffer of a channel that has since broken:
+                // the broker requeued it already, so it comes back.
+                Ok(delivery) if !delivery.acker.usable() => continue,
+                Ok(delivery) => {
+                    let epoch = self.shared.acks.delivered(delivery.delivery_tag);
+                    return Some(RabbitDelivery::new(delivery, epoch, &self.shared));
+                }
+                Err(err) => {
+                    if !self.recover(err).await {
+                        return None;
+                    }
+                }
             }
-        };
-        let delivery = match consumer.next().await? {
-            Ok(delivery) => delivery,
-            Err(err) => {
-                tracing::warn!(queue = %self.queue, error = %err, "RabbitMQ delivery failed");
-                crate::metrics::connection_event("rabbitmq", "delivery_failed");
-                return None;
-            }
-        };
-        self.shared.acks.delivered(delivery.delivery_tag);
-        Some(RabbitDelivery::new(delivery, &self.shared))
+        }
     }
 
     fn receive_flow(&self) -> Option<Arc<dyn ReceiveFlow>> {
@@ -206,6 +249,8 @@ impl Subscription for RabbitSubscription {
 pub struct RabbitDelivery {
     env: Envelope,
     tag: u64,
+    /// The ack window's epoch when it was delivered.
+    epoch: u64,
     acker: Option<lapin::Acker>,
     shared: Arc<Shared>,
 }
@@ -243,12 +288,13 @@ pub(super) fn envelope(delivery: lapin::message::Delivery) -> Envelope {
 }
 
 impl RabbitDelivery {
-    fn new(delivery: lapin::message::Delivery, shared: &Arc<Shared>) -> Self {
+    fn new(delivery: lapin::message::Delivery, epoch: u64, shared: &Arc<Shared>) -> Self {
         let tag = delivery.delivery_tag;
         let acker = delivery.acker.clone();
         RabbitDelivery {
             env: envelope(delivery),
             tag,
+            epoch,
             acker: Some(acker),
             shared: Arc::clone(shared),
         }
@@ -256,10 +302,10 @@ impl RabbitDelivery {
 
     /// Acked through the channel's coalescing window.
     async fn ack_now(mut self) -> Result<()> {
-        if self.acker.take().is_none() {
+        let Some(acker) = self.acker.take() else {
             return Ok(());
-        }
-        self.shared.acks.ack(self.tag).await
+        };
+        self.shared.acks.ack(self.epoch, self.tag, acker).await
     }
 
     async fn requeue(mut self) -> Result<()> {
@@ -275,7 +321,7 @@ impl RabbitDelivery {
             .map(|_| ())
             .map_err(transport);
         // Only once the nack is out may a multiple ack pass this tag.
-        self.shared.acks.gone(self.tag);
+        self.shared.acks.gone(self.epoch, self.tag);
         nacked
     }
 }
@@ -357,7 +403,7 @@ impl Drop for RabbitDelivery {
         };
         // Unsettled: back to the queue now (the broker would requeue it when
         // the channel closes anyway).
-        let (acks, tag) = (Arc::clone(&self.shared.acks), self.tag);
+        let (acks, epoch, tag) = (Arc::clone(&self.shared.acks), self.epoch, self.tag);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let _ = acker
@@ -366,7 +412,7 @@ impl Drop for RabbitDelivery {
                         ..Default::default()
                     })
                     .await;
-                acks.gone(tag);
+                acks.gone(epoch, tag);
             });
         }
     }
