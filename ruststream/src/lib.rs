@@ -74,7 +74,7 @@ pub use binding::rabbitmq;
 /// The Redis Streams binding (feature `redis`).
 #[cfg(feature = "redis")]
 pub use binding::redis;
-pub use binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
+pub use binding::{Broker, Delivery, Requester, RetryAfter, SubscribeOptions, Subscription};
 pub use codec::{Codec, Json};
 pub use config::{CoreHwm, CoreHwmProfile};
 pub use ctx::{Ctx, CtxRuntime, Here, MainRuntime};

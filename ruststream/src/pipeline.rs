@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 
 use crate::accept::{AcceptLayer, Verdict};
 use crate::app::AppHandle;
-use crate::binding::{Broker, Delivery};
+use crate::binding::{Broker, Delivery, RetryAfter};
 use crate::exec::stop::Stop;
 use crate::message::header;
 pub(crate) use crate::subscriber::Outcome;
@@ -177,11 +177,16 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 // A `retry_after` a shutdown published early: re-arm its timer
                 // for the delay it still had (RT-10).
                 let env = delivery.envelope().clone();
-                let acked = delivery.ack().await;
-                if acked.is_ok() {
-                    tasks::schedule_retry(&self.broker, &self.app, &env, delay);
+                match delivery.retry_after(delay).await {
+                    RetryAfter::Held(result) => self.settled(result),
+                    RetryAfter::NotHeld(delivery) => {
+                        let acked = delivery.ack().await;
+                        if acked.is_ok() {
+                            tasks::schedule_retry(&self.broker, &self.app, &env, delay);
+                        }
+                        self.settled(acked);
+                    }
                 }
-                self.settled(acked);
             }
             Early::Layer(Verdict::Accept) => {
                 unreachable!("an accepted delivery is not settled early")
@@ -241,11 +246,18 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 // Follow-ups start after the ack (RT-8): keep what they need.
                 let env = (retry.is_some() || self.app.has_after_ack())
                     .then(|| delivery.envelope().clone());
-                let acked = delivery.ack().await;
+                let (acked, timer) = match retry {
+                    Some(delay) => match delivery.retry_after(delay).await {
+                        // The broker holds the retry: no timer here.
+                        RetryAfter::Held(result) => (result, None),
+                        RetryAfter::NotHeld(delivery) => (delivery.ack().await, Some(delay)),
+                    },
+                    None => (delivery.ack().await, None),
+                };
                 let ok = acked.is_ok();
                 self.settled(acked);
                 if let (true, Some(env)) = (ok, env) {
-                    if let Some(delay) = retry {
+                    if let Some(delay) = timer {
                         tasks::schedule_retry(&self.broker, &self.app, &env, delay);
                     }
                     self.app.acked(&env);

@@ -95,9 +95,7 @@ pub(crate) fn schedule_retry<B: Broker>(
 ) {
     let broker = broker.clone();
     let flush = app.flush_retries().clone();
-    let subject = env.subject().clone();
-    let retries = env.retries() + u32::from(env.retry_delay().is_none());
-    let message = env.message().clone();
+    let env = env.clone();
     app.spawn(async move {
         let due = Instant::now() + delay;
         tokio::select! {
@@ -105,16 +103,25 @@ pub(crate) fn schedule_retry<B: Broker>(
             () = flush.wait() => {}
         }
         let remaining = due.saturating_duration_since(Instant::now());
-        let mut message = message;
-        let headers = message.headers_mut();
-        headers.insert(header::RETRIES, retries.to_string());
-        if remaining.is_zero() {
-            headers.remove(header::RETRY_DELAY_MS);
-        } else {
-            headers.insert(header::RETRY_DELAY_MS, remaining.as_millis().to_string());
-        }
-        republish(&broker, &subject, message).await;
+        let message = retry_message(&env, remaining);
+        republish(&broker, env.subject(), message).await;
     });
+}
+
+/// The copy a `retry_after` publishes: one more retry counted (a copy a
+/// shutdown published early already counts it), and the delay it still has
+/// to wait, if any.
+pub(crate) fn retry_message(env: &Envelope, remaining: Duration) -> Message {
+    let retries = env.retries() + u32::from(env.retry_delay().is_none());
+    let mut message = env.message().clone();
+    let headers = message.headers_mut();
+    headers.insert(header::RETRIES, retries.to_string());
+    if remaining.is_zero() {
+        headers.remove(header::RETRY_DELAY_MS);
+    } else {
+        headers.insert(header::RETRY_DELAY_MS, remaining.as_millis().to_string());
+    }
+    message
 }
 
 async fn republish<B: Broker>(broker: &B, subject: &Text, message: Message) {

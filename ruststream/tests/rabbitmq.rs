@@ -11,12 +11,13 @@ mod common;
 
 use common::blocked::Blocked;
 use common::{unique, until, within};
+use ruststream::bytes::Bytes;
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::JobQueueSettings;
 use ruststream::rabbitmq::RabbitBroker;
 use ruststream::{
-    App, Broker, Delivery, Message, Result, SubscribeOptions, SubscriberConfig, Subscription,
-    header,
+    App, BoxError, Broker, Delivery, Envelope, Json, MainRuntime, Message, Outcome, Result, Scope,
+    SendSubscriber, SubscribeOptions, Subscriber, SubscriberConfig, Subscription, header,
 };
 
 const START: &str = "rabbitmq-server -detached with a loopback-only config (see \
@@ -282,4 +283,139 @@ async fn a_connection_closed_by_the_server_is_recovered_and_loses_nothing() {
     d.ack().await.unwrap();
     consuming.close().await.unwrap();
     publisher.close().await.unwrap();
+}
+
+/// Asks for a retry on its first run; records what comes back.
+struct RetryOnce {
+    config: SubscriberConfig,
+    delay: std::time::Duration,
+    seen: tokio::sync::mpsc::UnboundedSender<Envelope>,
+}
+
+impl Subscriber for RetryOnce {
+    type Body = Bytes;
+    type Codec = Json;
+
+    fn config(&self) -> SubscriberConfig {
+        self.config.clone()
+    }
+
+    fn decode(&self, payload: &Bytes) -> std::result::Result<Bytes, BoxError> {
+        Ok(payload.clone())
+    }
+
+    fn handle(&self, body: Bytes, scope: &Scope<'_>) -> impl Future<Output = Outcome> {
+        self.handle_send(body, scope)
+    }
+}
+
+impl SendSubscriber for RetryOnce {
+    fn handle_send(&self, _body: Bytes, scope: &Scope<'_>) -> impl Future<Output = Outcome> + Send {
+        let env = scope.envelope().clone();
+        if env.retries() == 0 {
+            scope.ctx::<MainRuntime>().retry_after(self.delay);
+        }
+        let _ = self.seen.send(env);
+        std::future::ready(Outcome::Ack(None))
+    }
+}
+
+/// RT-8 on RabbitMQ: the broker holds a `retry_after` (a TTL'd copy in a
+/// delay queue, dead-lettered back when due), so it survives the process
+/// that asked for it dying before the delay is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_retry_survives_the_consumer_process_dying() {
+    const DELAY: std::time::Duration = std::time::Duration::from_millis(1500);
+    let subject = unique("rs.retry.");
+    let config = SubscriberConfig::new(subject.as_str())
+        .queue_group("retry")
+        .max_attempts(3);
+    let delay_queue = format!("retry@{subject}.delay.{}", DELAY.as_millis());
+
+    // The first process: handles the message, asks for the retry, and dies
+    // (its runtime is dropped: no shutdown, no flush, its socket just goes).
+    let first = {
+        let (subject, config, delay_queue) = (subject.clone(), config.clone(), delay_queue.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let rabbit = builder().ack_window(1).connect(&url()).await.unwrap();
+                let (seen, mut first_seen) = tokio::sync::mpsc::unbounded_channel();
+                let (acked, mut was_acked) = tokio::sync::mpsc::unbounded_channel();
+                let _running = App::new()
+                    .broker(rabbit.clone())
+                    .after_ack(move |env: Envelope| {
+                        let _ = acked.send(env.retries());
+                        async {}
+                    })
+                    .subscriber(RetryOnce {
+                        config,
+                        delay: DELAY,
+                        seen,
+                    })
+                    .start()
+                    .await
+                    .unwrap();
+                let asked = std::time::Instant::now();
+                rabbit
+                    .publish_message(&subject, Message::new("job"), None)
+                    .await
+                    .unwrap();
+                let env = within(10, "the first run", first_seen.recv())
+                    .await
+                    .unwrap();
+                assert_eq!(env.retries(), 0);
+                within(10, "the ack of the first run", was_acked.recv()).await;
+                within(10, "the copy waiting in the delay queue", async {
+                    while queue_depth(&delay_queue).await != 1 {
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                })
+                .await;
+                assert!(
+                    asked.elapsed() < DELAY,
+                    "the process dies before the delay is over"
+                );
+                asked
+            })
+            // The runtime drops here, with the app's tasks and its connection.
+        })
+    };
+    let asked = first.join().expect("the first process ran");
+
+    // The next process gets the retry once the delay is over, counted.
+    let rabbit = rabbit().await;
+    let (seen, mut retried) = tokio::sync::mpsc::unbounded_channel();
+    let running = App::new()
+        .broker(rabbit.clone())
+        .subscriber(RetryOnce {
+            config,
+            delay: DELAY,
+            seen,
+        })
+        .start()
+        .await
+        .unwrap();
+    let env = within(20, "the retry in the next process", retried.recv())
+        .await
+        .unwrap();
+    assert!(
+        asked.elapsed() >= DELAY,
+        "retried after {:?}, before the {DELAY:?} delay",
+        asked.elapsed()
+    );
+    assert_eq!(env.retries(), 1, "one retry counted");
+    assert_eq!(env.total_attempt(), 2);
+    assert_eq!(
+        env.subject().as_str(),
+        subject,
+        "delivered as its own subject"
+    );
+    assert_eq!(env.payload(), "job".as_bytes());
+    running.shutdown().await.unwrap();
+    assert!(retried.try_recv().is_err(), "delivered once");
 }

@@ -158,6 +158,32 @@ pub trait Delivery: Send + Sync + 'static {
     /// Failed for good: never redeliver; dead-letter it (with `reason`) where a
     /// dead-letter target is configured, else drop it with a warning.
     fn reject(self, reason: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Done for now, but deliver it again after `delay` with one more retry
+    /// counted ([`Ctx::retry_after`](crate::Ctx::retry_after), RT-8). A
+    /// binding whose broker can hold the delay (RabbitMQ: TTL and
+    /// dead-letter routing) hands the copy over and settles this delivery,
+    /// so the retry survives a crash of this process. The default hands the
+    /// delivery back: the runtime acks it and republishes the copy from a
+    /// timer of its own, which a graceful shutdown flushes (RT-10).
+    fn retry_after(self, delay: Duration) -> impl Future<Output = RetryAfter<Self>> + Send
+    where
+        Self: Sized,
+    {
+        let _ = delay;
+        std::future::ready(RetryAfter::NotHeld(self))
+    }
+}
+
+/// What [`Delivery::retry_after`] did.
+#[derive(Debug)]
+pub enum RetryAfter<D> {
+    /// The broker holds the delayed copy and the delivery is settled; `Err`
+    /// when handing it over failed, and the delivery goes back to the broker
+    /// (it is not lost).
+    Held(Result<()>),
+    /// The broker cannot hold a delay: the delivery, unsettled.
+    NotHeld(D),
 }
 
 /// Request/reply: the capability of brokers with a reply path.

@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 use tokio::time::Instant;
@@ -243,20 +245,19 @@ impl RabbitBroker {
         Ok(())
     }
 
-    /// Publishes `message` to `exchange` with `routing_key` and waits for
+    /// Publishes `payload` to `exchange` with `routing_key` and waits for
     /// the publisher confirm until `deadline`.
     pub(crate) async fn publish_to(
         &self,
         exchange: &str,
         routing_key: &str,
-        message: &Message,
-        extra: &[(&str, String)],
+        payload: &[u8],
+        properties: BasicProperties,
         deadline: Option<Instant>,
     ) -> Result<()> {
         self.ensure_open()?;
         let deadline =
             deadline.unwrap_or_else(|| Instant::now() + self.inner.settings.publish_timeout);
-        let properties = properties(message, extra);
         let publisher = &self.inner.publisher;
         let publish = async {
             loop {
@@ -266,7 +267,7 @@ impl RabbitBroker {
                             exchange.into(),
                             routing_key.into(),
                             BasicPublishOptions::default(),
-                            message.payload(),
+                            payload,
                             properties.clone(),
                         )
                         .await?;
@@ -300,7 +301,7 @@ impl RabbitBroker {
 
 /// The AMQP properties of `message`: persistent, headers (plus `extra`),
 /// key, correlation id and reply address.
-fn properties(message: &Message, extra: &[(&str, String)]) -> BasicProperties {
+pub(crate) fn properties(message: &Message, extra: &[(&str, String)]) -> BasicProperties {
     let mut headers = FieldTable::default();
     for (name, value) in message.headers().iter() {
         headers.insert(name.into(), long(value));
@@ -333,6 +334,55 @@ impl RabbitBroker {
         let started = Arc::new(reply::Inbox::start(&self.inner.conn).await?);
         *inbox = Some(Arc::clone(&started));
         Ok(started)
+    }
+}
+
+impl RabbitBroker {
+    /// The queue that holds `queue`'s retries of `delay` until it has passed,
+    /// then dead-letters them back into `queue` through the default
+    /// exchange. One queue per delay: RabbitMQ expires messages only at a
+    /// queue's head, so mixed delays would wait for each other. Declared
+    /// before each use, which renews its lease: it goes away a minute after
+    /// its last message is due.
+    async fn delay_queue(&self, queue: &str, delay: Duration) -> Result<String> {
+        let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX - 60_000);
+        let name = format!("{queue}.delay.{ms}");
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-dead-letter-exchange".into(), long(""));
+        arguments.insert("x-dead-letter-routing-key".into(), long(queue));
+        arguments.insert(
+            "x-expires".into(),
+            AMQPValue::LongUInt(ms.saturating_add(60_000)),
+        );
+        self.inner
+            .publisher
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                arguments,
+            )
+            .await
+            .map_err(transport)?;
+        Ok(name)
+    }
+
+    /// Publishes `message` (to be delivered as `subject`) into `queue`'s
+    /// delay queue; the broker moves it into `queue` once `delay` has passed.
+    pub(crate) async fn publish_delayed(
+        &self,
+        queue: &str,
+        subject: &str,
+        message: &Message,
+        delay: Duration,
+    ) -> Result<()> {
+        let delay_queue = self.delay_queue(queue, delay).await?;
+        let properties = properties(message, &[(SUBJECT, subject.to_owned())])
+            .with_expiration(ShortString::from(delay.as_millis().to_string()));
+        self.publish_to("", &delay_queue, message.payload(), properties, None)
+            .await
     }
 }
 
@@ -374,7 +424,8 @@ impl Broker for RabbitBroker {
         } else {
             self.inner.settings.exchange.clone()
         };
-        self.publish_to(&exchange, subject, &message, &[], deadline)
+        let properties = properties(&message, &[]);
+        self.publish_to(&exchange, subject, message.payload(), properties, deadline)
             .await
     }
 

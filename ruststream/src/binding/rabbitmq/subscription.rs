@@ -2,6 +2,7 @@
 //! channel of its own with a prefetch the app's job queue can take.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::{
@@ -12,7 +13,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use super::acks::Acks;
 use super::{KEY, REDELIVERY, RabbitBroker, SUBJECT, binding_key, transport};
 use crate::binding::pull_flow::PullFlow;
-use crate::binding::{Delivery, SubscribeOptions, Subscription};
+use crate::binding::{Delivery, RetryAfter, SubscribeOptions, Subscription};
 use crate::ingress::{JobQueue, ReceiveFlow};
 use crate::message::header;
 use crate::{Envelope, Message, Result, Text};
@@ -271,6 +272,9 @@ pub(super) fn envelope(delivery: lapin::message::Delivery) -> Envelope {
         for (name, value) in headers {
             let Some(value) = text(value) else { continue };
             match name.as_str() {
+                // The broker's dead-lettering bookkeeping, not the sender's.
+                name if name.starts_with("x-first-death-") || name.starts_with("x-last-death-") => {
+                }
                 KEY => message = message.with_key(value),
                 SUBJECT => subject = value,
                 REDELIVERY => attempt = value.parse().unwrap_or(attempt),
@@ -342,15 +346,13 @@ impl Delivery for RabbitDelivery {
         let shared = Arc::clone(&self.shared);
         let attempt = (self.env.attempt() + 1).to_string();
         let subject = self.env.subject().as_str().to_owned();
+        let properties = super::properties(
+            self.env.message(),
+            &[(REDELIVERY, attempt), (SUBJECT, subject)],
+        );
         let copy = shared
             .broker
-            .publish_to(
-                "",
-                &shared.queue,
-                self.env.message(),
-                &[(REDELIVERY, attempt), (SUBJECT, subject)],
-                None,
-            )
+            .publish_to("", &shared.queue, self.env.payload(), properties, None)
             .await;
         match copy {
             Ok(()) => self.ack_now().await,
@@ -359,6 +361,13 @@ impl Delivery for RabbitDelivery {
                 Err(err)
             }
         }
+    }
+
+    /// The broker holds the delay: the copy waits in a delay queue of this
+    /// queue (per-message TTL) and is dead-lettered back into it when due,
+    /// so the retry survives a crash of this process.
+    async fn retry_after(self, delay: Duration) -> RetryAfter<Self> {
+        self.retry_held(delay).await
     }
 
     /// Publishes to the dead-letter subject with the reason (when one is
@@ -376,9 +385,10 @@ impl Delivery for RabbitDelivery {
                     (header::ERROR, reason.to_owned()),
                     (header::ATTEMPT, self.env.attempt().to_string()),
                 ];
+                let properties = super::properties(self.env.message(), &extra);
                 if let Err(err) = shared
                     .broker
-                    .publish_to(&exchange, dead_letter, self.env.message(), &extra, None)
+                    .publish_to(&exchange, dead_letter, self.env.payload(), properties, None)
                     .await
                 {
                     self.requeue().await?;
@@ -393,6 +403,28 @@ impl Delivery for RabbitDelivery {
             ),
         }
         self.ack_now().await
+    }
+}
+
+impl RabbitDelivery {
+    /// The delayed copy goes to the broker (see [`Delivery::retry_after`]),
+    /// then this delivery is acked. If the broker does not take the copy,
+    /// the runtime keeps the timer instead.
+    async fn retry_held(self, delay: Duration) -> RetryAfter<Self> {
+        let message = crate::tasks::retry_message(&self.env, Duration::ZERO);
+        let subject = self.env.subject().as_str();
+        let shared = &self.shared;
+        match shared
+            .broker
+            .publish_delayed(&shared.queue, subject, &message, delay)
+            .await
+        {
+            Ok(()) => RetryAfter::Held(self.ack_now().await),
+            Err(err) => {
+                tracing::warn!(queue = %shared.queue, error = %err, "RabbitMQ delayed retry refused; retrying from a timer");
+                RetryAfter::NotHeld(self)
+            }
+        }
     }
 }
 
