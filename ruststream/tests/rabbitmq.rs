@@ -419,3 +419,89 @@ async fn a_delayed_retry_survives_the_consumer_process_dying() {
     running.shutdown().await.unwrap();
     assert!(retried.try_recv().is_err(), "delivered once");
 }
+
+/// The queue's own dead-letter exchange is wired to the dead-letter subject:
+/// a message the broker dead-letters itself (here: a plain AMQP client
+/// rejecting it without requeue) lands there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_dead_letters_to_the_dead_letter_subject_on_its_own() {
+    let subject = unique("rs.dlx.");
+    let dead = format!("{subject}.dead");
+    let rabbit = rabbit().await;
+    let mut dlq = rabbit
+        .subscribe(SubscribeOptions::new(dead.as_str()))
+        .await
+        .unwrap();
+    let sub = rabbit
+        .subscribe(
+            SubscribeOptions::new(subject.as_str())
+                .queue_group("w")
+                .dead_letter(dead.as_str()),
+        )
+        .await
+        .unwrap();
+    rabbit
+        .publish_message(&subject, Message::new("poison"), None)
+        .await
+        .unwrap();
+    let conn = lapin::Connection::connect(&url(), lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let queue = format!("w@{subject}");
+    let got = within(10, "the message by basic.get", async {
+        loop {
+            let got = channel
+                .basic_get(queue.as_str().into(), Default::default())
+                .await
+                .unwrap();
+            if let Some(got) = got {
+                break got;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    got.acker
+        .reject(lapin::options::BasicRejectOptions { requeue: false })
+        .await
+        .unwrap();
+    let d = within(10, "the broker's dead letter", dlq.next())
+        .await
+        .unwrap();
+    assert_eq!(d.envelope().payload(), "poison".as_bytes());
+    assert_eq!(d.envelope().subject().as_str(), dead);
+    d.ack().await.unwrap();
+    drop(sub);
+    rabbit.close().await.unwrap();
+}
+
+/// Changing a durable queue's settings is refused by RabbitMQ; the error
+/// says which queue and what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_declared_with_other_settings_is_a_clear_config_error() {
+    let subject = unique("rs.redeclare.");
+    let rabbit = rabbit().await;
+    let first = rabbit
+        .subscribe(SubscribeOptions::new(subject.as_str()).queue_group("w"))
+        .await
+        .unwrap();
+    let err = rabbit
+        .subscribe(
+            SubscribeOptions::new(subject.as_str())
+                .queue_group("w")
+                .dead_letter("somewhere.dead"),
+        )
+        .await
+        .err()
+        .expect("a different dead-letter target cannot be declared");
+    match err {
+        ruststream::Error::Config(text) => {
+            assert!(text.contains(&format!("w@{subject}")), "{text}");
+            assert!(text.contains("delete the queue"), "{text}");
+        }
+        other => panic!("expected Error::Config, got {other:?}"),
+    }
+    drop(first);
+    rabbit.close().await.unwrap();
+}

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 
@@ -74,10 +75,21 @@ impl RabbitSubscription {
             let ms = u32::try_from(idle.as_millis()).unwrap_or(u32::MAX);
             arguments.insert("x-expires".into(), AMQPValue::LongUInt(ms));
         }
+        if let Some(dead_letter) = &options.dead_letter {
+            // What the broker itself dead-letters (a reject without requeue,
+            // when the enriched dead-letter publish is not possible) goes to
+            // the dead-letter subject too.
+            let exchange = broker.inner.settings.exchange.as_str();
+            arguments.insert("x-dead-letter-exchange".into(), super::long(exchange));
+            arguments.insert(
+                "x-dead-letter-routing-key".into(),
+                super::long(dead_letter.as_str()),
+            );
+        }
         let queue = channel
             .queue_declare(name.as_str().into(), declare, arguments)
             .await
-            .map_err(transport)?;
+            .map_err(|err| declare_failed(&name, err))?;
         let queue = queue.name().as_str().to_owned();
         channel
             .queue_bind(
@@ -176,6 +188,20 @@ impl RabbitSubscription {
             }
         }
     }
+}
+
+/// A queue that exists with other arguments (dead-letter target, expiry)
+/// cannot be declared again: say so, and how to fix it.
+fn declare_failed(queue: &str, err: lapin::Error) -> crate::Error {
+    let text = err.to_string();
+    if text.contains("PRECONDITION_FAILED") {
+        return crate::Error::Config(format!(
+            "RabbitMQ queue `{queue}` already exists with other settings (dead-letter \
+             subject or queue_expires changed?): {text}; delete the queue \
+             (`rabbitmqctl delete_queue {queue}`) or keep its old settings"
+        ));
+    }
+    transport(err)
 }
 
 /// A fan-out subscription's own queue name (not `amq.`: that prefix is the
@@ -312,6 +338,20 @@ impl RabbitDelivery {
         self.shared.acks.ack(self.epoch, self.tag, acker).await
     }
 
+    /// `basic.reject` without requeue: the broker routes it to the queue's
+    /// dead-letter exchange.
+    async fn reject_to_dead_letter_exchange(mut self) -> Result<()> {
+        let Some(acker) = self.acker.take() else {
+            return Ok(());
+        };
+        let rejected = acker
+            .reject(BasicRejectOptions { requeue: false })
+            .await
+            .map_err(transport);
+        self.shared.acks.gone(self.epoch, self.tag);
+        rejected.map(|_| ())
+    }
+
     async fn requeue(mut self) -> Result<()> {
         let Some(acker) = self.acker.take() else {
             return Ok(());
@@ -391,8 +431,10 @@ impl Delivery for RabbitDelivery {
                     .publish_to(&exchange, dead_letter, self.env.payload(), properties, None)
                     .await
                 {
-                    self.requeue().await?;
-                    return Err(err);
+                    // The queue's dead-letter exchange takes it instead
+                    // (without the reason headers; the broker adds x-death).
+                    tracing::warn!(error = %err, "RabbitMQ dead-letter publish failed; the broker dead-letters it");
+                    return self.reject_to_dead_letter_exchange().await;
                 }
             }
             None => tracing::warn!(
