@@ -505,3 +505,69 @@ async fn a_queue_declared_with_other_settings_is_a_clear_config_error() {
     drop(first);
     rabbit.close().await.unwrap();
 }
+
+/// JQ-15 on RabbitMQ: while the receive flow is PAUSED the subscription
+/// takes no delivery and holds the broker's credit (at most `prefetch` sit
+/// in the client; the rest stay in the queue for other members); RUNNING
+/// hands out every message exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_receive_flow_takes_nothing_and_resumes_exactly_once() {
+    const PREFETCH: u16 = 2;
+    let subject = unique("rs.flow.");
+    let rabbit = builder().prefetch(PREFETCH).connect(&url()).await.unwrap();
+    let mut sub = rabbit
+        .subscribe(
+            SubscribeOptions::new(subject.as_str())
+                .queue_group("svc")
+                .receive_flow(true),
+        )
+        .await
+        .unwrap();
+    let flow = sub.receive_flow().expect("a request/reply source");
+    rabbit
+        .publish_message(&subject, Message::new("before"), None)
+        .await
+        .unwrap();
+    let d = within(10, "a delivery while running", sub.next())
+        .await
+        .unwrap();
+    assert_eq!(body(&d), "before");
+    d.ack().await.unwrap();
+
+    flow.set_paused(true);
+    for i in 0..5 {
+        rabbit
+            .publish_message(&subject, Message::new(i.to_string()), None)
+            .await
+            .unwrap();
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        for _ in 0..5 {
+            let d = sub.next().await.unwrap();
+            tx.send(body(&d)).unwrap();
+            d.ack().await.unwrap();
+        }
+        sub
+    });
+    // Nothing is taken while paused (a quiet window: nothing to wait for).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "a delivery was taken while paused");
+    let queue = format!("svc@{subject}");
+    assert!(
+        queue_depth(&queue).await >= 5 - usize::from(PREFETCH),
+        "more than the prefetch left the queue while paused"
+    );
+    flow.set_paused(false);
+    let sub = within(10, "every message after resume", reader)
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while let Ok(b) = rx.try_recv() {
+        got.push(b);
+    }
+    got.sort();
+    assert_eq!(got, ["0", "1", "2", "3", "4"], "each exactly once");
+    drop(sub);
+    rabbit.close().await.unwrap();
+}

@@ -12,7 +12,10 @@
 //! * `ack` is `basic.ack`; `nack` republishes a copy to the same queue with
 //!   attempt + 1 and acks the original (RabbitMQ counts no redeliveries on
 //!   classic queues); `reject` publishes to the dead-letter subject with the
-//!   reason and acks. A delivery dropped unsettled is requeued.
+//!   reason and acks, and the queue's dead-letter exchange is wired to that
+//!   subject too. A delivery dropped unsettled is requeued.
+//! * `retry_after` is kept by the broker: a TTL'd copy in a delay queue,
+//!   dead-lettered back when due, so it survives a crash.
 //! * Prefetch (`basic.qos`) is at most what the app's job queue can take.
 //!
 //! * Request/reply over direct reply-to (`amq.rabbitmq.reply-to`).
