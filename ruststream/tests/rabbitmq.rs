@@ -571,3 +571,151 @@ async fn a_paused_receive_flow_takes_nothing_and_resumes_exactly_once() {
     drop(sub);
     rabbit.close().await.unwrap();
 }
+
+/// Exchanges of every kind that other systems publish to can be declared
+/// and bound into ruststream's exchange; their messages reach subscribers
+/// by routing key. A kind clash is a clear error, and the broker keeps
+/// working after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_from_bound_exchanges_of_every_kind_reach_subscribers() {
+    use ruststream::rabbitmq::ExchangeKind;
+    let subject = unique("rs.bound.");
+    let rabbit = rabbit().await;
+    let mut sub = rabbit
+        .subscribe(SubscribeOptions::new(format!("{subject}.>")).queue_group("w"))
+        .await
+        .unwrap();
+    let fanout = unique("rs-fanout-");
+    let direct = unique("rs-direct-");
+    let headers = unique("rs-headers-");
+    rabbit
+        .declare_exchange(&fanout, ExchangeKind::Fanout)
+        .await
+        .unwrap();
+    rabbit.bind_exchange(&fanout, "", &[]).await.unwrap();
+    rabbit
+        .declare_exchange(&direct, ExchangeKind::Direct)
+        .await
+        .unwrap();
+    let direct_key = format!("{subject}.direct");
+    rabbit
+        .bind_exchange(&direct, &direct_key, &[])
+        .await
+        .unwrap();
+    rabbit
+        .declare_exchange(&headers, ExchangeKind::Headers)
+        .await
+        .unwrap();
+    rabbit
+        .bind_exchange(&headers, "", &[("x-match", "all"), ("region", "eu")])
+        .await
+        .unwrap();
+    let clash = rabbit
+        .declare_exchange(&fanout, ExchangeKind::Topic)
+        .await
+        .expect_err("a fan-out exchange cannot be redeclared as topic");
+    assert!(
+        matches!(&clash, ruststream::Error::Config(text) if text.contains(&fanout)),
+        "{clash:?}"
+    );
+
+    // Another system publishes with plain AMQP.
+    let conn = lapin::Connection::connect(&url(), lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    // Confirmed, so each is routed before ruststream's own publish below:
+    // the queue is FIFO, and a wrongly routed one would be among the first.
+    channel.confirm_select(Default::default()).await.unwrap();
+    let publish =
+        |exchange: String, key: String, props: lapin::BasicProperties, body: &'static str| {
+            let channel = channel.clone();
+            async move {
+                channel
+                    .basic_publish(
+                        exchange.as_str().into(),
+                        key.as_str().into(),
+                        Default::default(),
+                        body.as_bytes(),
+                        props,
+                    )
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+            }
+        };
+    let plain = lapin::BasicProperties::default;
+    publish(
+        fanout.clone(),
+        format!("{subject}.fanout"),
+        plain(),
+        "from fanout",
+    )
+    .await;
+    publish(direct.clone(), direct_key.clone(), plain(), "from direct").await;
+    publish(
+        direct.clone(),
+        format!("{subject}.other"),
+        plain(),
+        "unbound key",
+    )
+    .await;
+    let mut eu = lapin::types::FieldTable::default();
+    eu.insert(
+        "region".into(),
+        lapin::types::AMQPValue::LongString("eu".into()),
+    );
+    let mut us = lapin::types::FieldTable::default();
+    us.insert(
+        "region".into(),
+        lapin::types::AMQPValue::LongString("us".into()),
+    );
+    publish(
+        headers.clone(),
+        format!("{subject}.headers"),
+        plain().with_headers(us),
+        "wrong region",
+    )
+    .await;
+    publish(
+        headers.clone(),
+        format!("{subject}.headers"),
+        plain().with_headers(eu),
+        "from headers",
+    )
+    .await;
+    // The broker still publishes after the refused declaration.
+    rabbit
+        .publish_message(&format!("{subject}.own"), Message::new("own"), None)
+        .await
+        .unwrap();
+
+    let mut got = Vec::new();
+    while got.len() < 4 {
+        let d = within(10, "the bound exchanges' messages", sub.next())
+            .await
+            .unwrap();
+        got.push((d.envelope().subject().to_string(), body(&d)));
+        d.ack().await.unwrap();
+    }
+    got.sort();
+    let mut want = vec![
+        (format!("{subject}.direct"), "from direct".to_owned()),
+        (format!("{subject}.fanout"), "from fanout".to_owned()),
+        (format!("{subject}.headers"), "from headers".to_owned()),
+        (format!("{subject}.own"), "own".to_owned()),
+    ];
+    want.sort();
+    assert_eq!(
+        got, want,
+        "the unbound key and the wrong region are not routed"
+    );
+    for exchange in [&fanout, &direct, &headers] {
+        channel
+            .exchange_delete(exchange.as_str().into(), Default::default())
+            .await
+            .unwrap();
+    }
+    rabbit.close().await.unwrap();
+}

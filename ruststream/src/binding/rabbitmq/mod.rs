@@ -36,7 +36,7 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
 use tokio::time::Instant;
 
 pub use self::subscription::{RabbitDelivery, RabbitSubscription};
@@ -180,7 +180,7 @@ impl RabbitBrokerBuilder {
         publisher
             .exchange_declare(
                 self.exchange.as_str().into(),
-                ExchangeKind::Topic,
+                lapin::ExchangeKind::Topic,
                 ExchangeDeclareOptions {
                     durable: true,
                     ..Default::default()
@@ -340,7 +340,108 @@ impl RabbitBroker {
     }
 }
 
+/// The kinds of AMQP exchange (see [`RabbitBroker::declare_exchange`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExchangeKind {
+    /// Routes on the exact routing key.
+    Direct,
+    /// Routes on routing-key patterns (`*` one word, `#` the rest).
+    Topic,
+    /// Every bound queue or exchange gets every message.
+    Fanout,
+    /// Routes on header values (`x-match` = `all` or `any` in the binding).
+    Headers,
+}
+
+impl From<ExchangeKind> for lapin::ExchangeKind {
+    fn from(kind: ExchangeKind) -> Self {
+        match kind {
+            ExchangeKind::Direct => lapin::ExchangeKind::Direct,
+            ExchangeKind::Topic => lapin::ExchangeKind::Topic,
+            ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
+            ExchangeKind::Headers => lapin::ExchangeKind::Headers,
+        }
+    }
+}
+
 impl RabbitBroker {
+    /// Declares a durable exchange `name` of `kind` (fine if it exists with
+    /// the same kind), for example one other systems publish to.
+    ///
+    /// ```no_run
+    /// use ruststream::rabbitmq::{ExchangeKind, RabbitBroker};
+    ///
+    /// # async fn run(rabbit: RabbitBroker) -> ruststream::Result<()> {
+    /// // Everything published to the legacy fan-out exchange reaches
+    /// // ruststream subscribers, by its routing key as the subject.
+    /// rabbit.declare_exchange("legacy.events", ExchangeKind::Fanout).await?;
+    /// rabbit.bind_exchange("legacy.events", "", &[]).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn declare_exchange(&self, name: &str, kind: ExchangeKind) -> Result<()> {
+        let admin = self.admin_channel().await?;
+        let declared = admin
+            .exchange_declare(
+                name.into(),
+                kind.into(),
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|err| {
+                Error::Config(format!(
+                    "cannot declare RabbitMQ exchange `{name}` as {kind:?}: {err}"
+                ))
+            });
+        close_admin(admin).await;
+        declared
+    }
+
+    /// Binds the exchange `source` into ruststream's exchange, so what is
+    /// published there reaches subscribers whose subject matches the
+    /// message's routing key. `binding_key` filters on a direct or topic
+    /// source (ignored by fan-out); `headers` are the binding arguments of a
+    /// headers source (for example `[("x-match", "all"), ("region", "eu")]`).
+    pub async fn bind_exchange(
+        &self,
+        source: &str,
+        binding_key: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<()> {
+        let mut arguments = FieldTable::default();
+        for (name, value) in headers {
+            arguments.insert((*name).into(), long(value));
+        }
+        let admin = self.admin_channel().await?;
+        let bound = admin
+            .exchange_bind(
+                self.inner.settings.exchange.as_str().into(),
+                source.into(),
+                binding_key.into(),
+                lapin::options::ExchangeBindOptions::default(),
+                arguments,
+            )
+            .await
+            .map_err(|err| {
+                Error::Config(format!(
+                    "cannot bind RabbitMQ exchange `{source}` into `{}`: {err}",
+                    self.inner.settings.exchange
+                ))
+            });
+        close_admin(admin).await;
+        bound
+    }
+
+    /// A short-lived channel for declarations: a refused one closes its
+    /// channel, which must not be the publishing channel.
+    async fn admin_channel(&self) -> Result<lapin::Channel> {
+        self.ensure_open()?;
+        self.inner.conn.create_channel().await.map_err(transport)
+    }
+
     /// The queue that holds `queue`'s retries of `delay` until it has passed,
     /// then dead-letters them back into `queue` through the default
     /// exchange. One queue per delay: RabbitMQ expires messages only at a
@@ -357,8 +458,8 @@ impl RabbitBroker {
             "x-expires".into(),
             AMQPValue::LongUInt(ms.saturating_add(60_000)),
         );
-        self.inner
-            .publisher
+        let admin = self.admin_channel().await?;
+        let declared = admin
             .queue_declare(
                 name.as_str().into(),
                 QueueDeclareOptions {
@@ -368,8 +469,9 @@ impl RabbitBroker {
                 arguments,
             )
             .await
-            .map_err(transport)?;
-        Ok(name)
+            .map_err(transport);
+        close_admin(admin).await;
+        declared.map(|_| name)
     }
 
     /// Publishes `message` (to be delivered as `subject`) into `queue`'s
@@ -386,6 +488,12 @@ impl RabbitBroker {
             .with_expiration(ShortString::from(delay.as_millis().to_string()));
         self.publish_to("", &delay_queue, message.payload(), properties, None)
             .await
+    }
+}
+
+async fn close_admin(channel: lapin::Channel) {
+    if channel.status().connected() {
+        let _ = channel.close(200, "declared".into()).await;
     }
 }
 
