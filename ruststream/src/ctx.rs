@@ -114,7 +114,9 @@ impl<R: CtxRuntime> Ctx<R> {
     /// plus one. Past the subscriber's `max_attempts` it is rejected
     /// (dead-lettered) instead. A timer pending at shutdown publishes at once,
     /// with the remaining delay in a header the next consumer honours (RT-8,
-    /// RT-10).
+    /// RT-10). Brokers that can hold the delay (RabbitMQ, JetStream) keep it
+    /// instead of a timer, and the retry survives a crash
+    /// ([`Delivery::retry_after`](crate::Delivery::retry_after)).
     pub fn retry_after(&self, delay: Duration) {
         self.follow_ups.retry_after(delay);
     }

@@ -10,14 +10,14 @@
 mod common;
 
 use common::blocked::Blocked;
+use common::retry_once::RetryOnce;
 use common::{unique, until, within};
-use ruststream::bytes::Bytes;
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::JobQueueSettings;
 use ruststream::rabbitmq::RabbitBroker;
 use ruststream::{
-    App, BoxError, Broker, Delivery, Envelope, Json, MainRuntime, Message, Outcome, Result, Scope,
-    SendSubscriber, SubscribeOptions, Subscriber, SubscriberConfig, Subscription, header,
+    App, Broker, Delivery, Envelope, Message, Result, SubscribeOptions, SubscriberConfig,
+    Subscription, header,
 };
 
 const START: &str = "rabbitmq-server -detached with a loopback-only config (see \
@@ -283,41 +283,6 @@ async fn a_connection_closed_by_the_server_is_recovered_and_loses_nothing() {
     d.ack().await.unwrap();
     consuming.close().await.unwrap();
     publisher.close().await.unwrap();
-}
-
-/// Asks for a retry on its first run; records what comes back.
-struct RetryOnce {
-    config: SubscriberConfig,
-    delay: std::time::Duration,
-    seen: tokio::sync::mpsc::UnboundedSender<Envelope>,
-}
-
-impl Subscriber for RetryOnce {
-    type Body = Bytes;
-    type Codec = Json;
-
-    fn config(&self) -> SubscriberConfig {
-        self.config.clone()
-    }
-
-    fn decode(&self, payload: &Bytes) -> std::result::Result<Bytes, BoxError> {
-        Ok(payload.clone())
-    }
-
-    fn handle(&self, body: Bytes, scope: &Scope<'_>) -> impl Future<Output = Outcome> {
-        self.handle_send(body, scope)
-    }
-}
-
-impl SendSubscriber for RetryOnce {
-    fn handle_send(&self, _body: Bytes, scope: &Scope<'_>) -> impl Future<Output = Outcome> + Send {
-        let env = scope.envelope().clone();
-        if env.retries() == 0 {
-            scope.ctx::<MainRuntime>().retry_after(self.delay);
-        }
-        let _ = self.seen.send(env);
-        std::future::ready(Outcome::Ack(None))
-    }
 }
 
 /// RT-8 on RabbitMQ: the broker holds a `retry_after` (a TTL'd copy in a

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{NatsBroker, convert};
 use crate::binding::pull_flow::PullFlow;
-use crate::binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
+use crate::binding::{Broker, Delivery, Requester, RetryAfter, SubscribeOptions, Subscription};
 use crate::ingress::ReceiveFlow;
 use crate::{Envelope, Error, Message, Result, Text};
 
@@ -416,6 +416,13 @@ impl Delivery for JetStreamDelivery {
     /// Redelivered by the server, with its delivery count as the attempt.
     async fn nack(self) -> Result<()> {
         self.settle(AckKind::Nak(None)).await
+    }
+
+    /// JetStream holds the delay: a nak with delay, so the retry survives a
+    /// crash of this process. The server's delivery count is the attempt,
+    /// so the retry counts as one more attempt (not in `retries`).
+    async fn retry_after(self, delay: Duration) -> RetryAfter<Self> {
+        RetryAfter::Held(self.nack_after(delay).await)
     }
 
     /// Dead-letters (where configured) and terminates: never redelivered.
