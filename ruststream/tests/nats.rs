@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::blocked::Blocked;
-use common::retry_once::RetryOnce;
+use common::retry_once::{RetryApp, in_a_process_that_dies};
 use common::server::OwnServer;
 use common::{unique, until, within};
 use ruststream::conformance::{self, Capabilities, Harness};
@@ -294,64 +294,29 @@ async fn a_delayed_retry_survives_the_consumer_process_dying() {
 
     // The first process handles it, asks for the retry, and dies: its
     // runtime is dropped with the app and the connection.
-    let first = {
+    let asked = {
         let (subject, config, spec) = (subject.clone(), config.clone(), spec.clone());
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
+        in_a_process_that_dies(async move {
+            let js = nats().await.jetstream(spec).await.unwrap();
+            let mut app = RetryApp::start(js.clone(), config, DELAY).await;
+            let asked = std::time::Instant::now();
+            js.publish_message(&subject, Message::new("job"), None)
+                .await
                 .unwrap();
-            runtime.block_on(async move {
-                let js = nats().await.jetstream(spec).await.unwrap();
-                let (seen, mut first_seen) = tokio::sync::mpsc::unbounded_channel();
-                let (settled, mut was_settled) = tokio::sync::mpsc::unbounded_channel();
-                let _running = App::new()
-                    .broker(js.clone())
-                    .after_ack(move |env: Envelope| {
-                        let _ = settled.send(env.total_attempt());
-                        async {}
-                    })
-                    .subscriber(RetryOnce {
-                        config,
-                        delay: DELAY,
-                        seen,
-                    })
-                    .start()
-                    .await
-                    .unwrap();
-                let asked = std::time::Instant::now();
-                js.publish_message(&subject, Message::new("job"), None)
-                    .await
-                    .unwrap();
-                let env = within(10, "the first run", first_seen.recv())
-                    .await
-                    .unwrap();
-                assert_eq!(env.total_attempt(), 1);
-                within(10, "the nak with delay", was_settled.recv()).await;
-                assert!(
-                    asked.elapsed() < DELAY,
-                    "the process dies before the delay is over"
-                );
-                asked
-            })
+            let env = within(10, "the first run", app.seen.recv()).await.unwrap();
+            assert_eq!(env.total_attempt(), 1);
+            within(10, "the nak with delay", app.settled.recv()).await;
+            assert!(
+                asked.elapsed() < DELAY,
+                "the process dies before the delay is over"
+            );
+            asked
         })
     };
-    let asked = first.join().expect("the first process ran");
 
     let js = nats().await.jetstream(spec).await.unwrap();
-    let (seen, mut retried) = tokio::sync::mpsc::unbounded_channel();
-    let running = App::new()
-        .broker(js.clone())
-        .subscriber(RetryOnce {
-            config,
-            delay: DELAY,
-            seen,
-        })
-        .start()
-        .await
-        .unwrap();
-    let env = within(20, "the retry in the next process", retried.recv())
+    let mut app = RetryApp::start(js.clone(), config, DELAY).await;
+    let env = within(20, "the retry in the next process", app.seen.recv())
         .await
         .unwrap();
     assert!(
@@ -361,7 +326,7 @@ async fn a_delayed_retry_survives_the_consumer_process_dying() {
     );
     assert_eq!(env.total_attempt(), 2, "one more attempt counted");
     assert_eq!(env.payload(), "job".as_bytes());
-    running.shutdown().await.unwrap();
-    assert!(retried.try_recv().is_err(), "delivered once");
+    app.running.shutdown().await.unwrap();
+    assert!(app.seen.try_recv().is_err(), "delivered once");
     js.delete_stream().await.unwrap();
 }

@@ -10,14 +10,14 @@
 mod common;
 
 use common::blocked::Blocked;
-use common::retry_once::RetryOnce;
+use common::retry_once::{RetryApp, in_a_process_that_dies};
 use common::{unique, until, within};
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::JobQueueSettings;
 use ruststream::rabbitmq::RabbitBroker;
 use ruststream::{
-    App, Broker, Delivery, Envelope, Message, Result, SubscribeOptions, SubscriberConfig,
-    Subscription, header,
+    App, Broker, Delivery, Message, Result, SubscribeOptions, SubscriberConfig, Subscription,
+    header,
 };
 
 const START: &str = "rabbitmq-server -detached with a loopback-only config (see \
@@ -298,74 +298,37 @@ async fn a_delayed_retry_survives_the_consumer_process_dying() {
     let delay_queue = format!("retry@{subject}.delay.{}", DELAY.as_millis());
 
     // The first process: handles the message, asks for the retry, and dies
-    // (its runtime is dropped: no shutdown, no flush, its socket just goes).
-    let first = {
+    // (no shutdown, no flush: its socket just goes).
+    let asked = {
         let (subject, config, delay_queue) = (subject.clone(), config.clone(), delay_queue.clone());
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
+        in_a_process_that_dies(async move {
+            let rabbit = builder().ack_window(1).connect(&url()).await.unwrap();
+            let mut app = RetryApp::start(rabbit.clone(), config, DELAY).await;
+            let asked = std::time::Instant::now();
+            rabbit
+                .publish_message(&subject, Message::new("job"), None)
+                .await
                 .unwrap();
-            runtime.block_on(async move {
-                let rabbit = builder().ack_window(1).connect(&url()).await.unwrap();
-                let (seen, mut first_seen) = tokio::sync::mpsc::unbounded_channel();
-                let (acked, mut was_acked) = tokio::sync::mpsc::unbounded_channel();
-                let _running = App::new()
-                    .broker(rabbit.clone())
-                    .after_ack(move |env: Envelope| {
-                        let _ = acked.send(env.retries());
-                        async {}
-                    })
-                    .subscriber(RetryOnce {
-                        config,
-                        delay: DELAY,
-                        seen,
-                    })
-                    .start()
-                    .await
-                    .unwrap();
-                let asked = std::time::Instant::now();
-                rabbit
-                    .publish_message(&subject, Message::new("job"), None)
-                    .await
-                    .unwrap();
-                let env = within(10, "the first run", first_seen.recv())
-                    .await
-                    .unwrap();
-                assert_eq!(env.retries(), 0);
-                within(10, "the ack of the first run", was_acked.recv()).await;
-                within(10, "the copy waiting in the delay queue", async {
-                    while queue_depth(&delay_queue).await != 1 {
-                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                    }
-                })
-                .await;
-                assert!(
-                    asked.elapsed() < DELAY,
-                    "the process dies before the delay is over"
-                );
-                asked
+            let env = within(10, "the first run", app.seen.recv()).await.unwrap();
+            assert_eq!(env.retries(), 0);
+            within(10, "the ack of the first run", app.settled.recv()).await;
+            within(10, "the copy waiting in the delay queue", async {
+                while queue_depth(&delay_queue).await != 1 {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
             })
-            // The runtime drops here, with the app's tasks and its connection.
+            .await;
+            assert!(
+                asked.elapsed() < DELAY,
+                "the process dies before the delay is over"
+            );
+            asked
         })
     };
-    let asked = first.join().expect("the first process ran");
 
     // The next process gets the retry once the delay is over, counted.
-    let rabbit = rabbit().await;
-    let (seen, mut retried) = tokio::sync::mpsc::unbounded_channel();
-    let running = App::new()
-        .broker(rabbit.clone())
-        .subscriber(RetryOnce {
-            config,
-            delay: DELAY,
-            seen,
-        })
-        .start()
-        .await
-        .unwrap();
-    let env = within(20, "the retry in the next process", retried.recv())
+    let mut app = RetryApp::start(rabbit().await, config, DELAY).await;
+    let env = within(20, "the retry in the next process", app.seen.recv())
         .await
         .unwrap();
     assert!(
@@ -381,8 +344,8 @@ async fn a_delayed_retry_survives_the_consumer_process_dying() {
         "delivered as its own subject"
     );
     assert_eq!(env.payload(), "job".as_bytes());
-    running.shutdown().await.unwrap();
-    assert!(retried.try_recv().is_err(), "delivered once");
+    app.running.shutdown().await.unwrap();
+    assert!(app.seen.try_recv().is_err(), "delivered once");
 }
 
 /// The queue's own dead-letter exchange is wired to the dead-letter subject:
