@@ -16,8 +16,8 @@ use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::JobQueueSettings;
 use ruststream::rabbitmq::RabbitBroker;
 use ruststream::{
-    App, Broker, Delivery, Message, Result, SubscribeOptions, SubscriberConfig, Subscription,
-    header,
+    App, Broker, Delivery, Message, Requester, Result, SubscribeOptions, SubscriberConfig,
+    Subscription, header,
 };
 
 const START: &str = "rabbitmq-server -detached with a loopback-only config (see \
@@ -230,6 +230,38 @@ async fn a_connection_closed_by_the_server_is_recovered_and_loses_nothing() {
             .await
             .unwrap();
     }
+    // A responder on the other connection; a request before the loss
+    // starts the consumer of direct reply-to replies.
+    let rpc = format!("{subject}.rpc");
+    let mut service = publisher
+        .subscribe(SubscribeOptions::new(rpc.as_str()))
+        .await
+        .unwrap();
+    let responder = publisher.clone();
+    tokio::spawn(async move {
+        while let Some(d) = service.next().await {
+            let env = d.envelope();
+            let mut reply = Message::new(format!("re: {}", body(&d)));
+            if let Some(id) = env.correlation_id() {
+                reply = reply.with_correlation_id(id.clone());
+            }
+            let to = env.reply_to().unwrap().clone();
+            responder.publish_message(&to, reply, None).await.unwrap();
+            d.ack().await.unwrap();
+        }
+    });
+    let ask = |what: &'static str| {
+        let (consuming, rpc) = (consuming.clone(), rpc.clone());
+        async move {
+            let reply = consuming
+                .request_message(&rpc, Message::new(what), std::time::Duration::from_secs(10))
+                .await
+                .unwrap();
+            String::from_utf8(reply.payload().to_vec()).unwrap()
+        }
+    };
+    assert_eq!(ask("before").await, "re: before");
+
     let mut handled = std::collections::BTreeSet::new();
     for _ in 0..2 {
         let d = within(10, "a delivery", sub.next()).await.unwrap();
@@ -271,6 +303,8 @@ async fn a_connection_closed_by_the_server_is_recovered_and_loses_nothing() {
     // A settlement from before the loss is refused, not applied to a new
     // delivery that happens to have the same tag.
     assert!(held.ack().await.is_err(), "a stale ack must fail");
+    // Replies reach the recovered connection's reply consumer.
+    assert_eq!(ask("after").await, "re: after");
     // The recovered connection publishes too.
     consuming
         .publish_message(&subject, Message::new("after"), None)
