@@ -330,3 +330,51 @@ async fn a_delayed_retry_survives_the_consumer_process_dying() {
     assert!(app.seen.try_recv().is_err(), "delivered once");
     js.delete_stream().await.unwrap();
 }
+
+// ------------------------------------------------------------- credentials
+
+/// A server that requires credentials: without them connecting is a clear
+/// transport error; `options` passes them to the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_go_through_the_client_options() {
+    let server = OwnServer::start(
+        "nats-server",
+        &[
+            "-a",
+            "127.0.0.1",
+            "-p",
+            "{port}",
+            "--user",
+            "svc",
+            "--pass",
+            "s3cret",
+            "-js",
+            "-sd",
+        ],
+    )
+    .await;
+    let url = format!("nats://127.0.0.1:{}", server.port);
+    let refused = NatsBroker::connect(&url).await.expect_err("no credentials");
+    assert!(
+        matches!(&refused, ruststream::Error::Transport(e) if e.to_string().contains(&url)),
+        "{refused:?}"
+    );
+    let nats = NatsBroker::builder()
+        .options(|o| o.user_and_password("svc".into(), "s3cret".into()))
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut sub = nats
+        .subscribe(SubscribeOptions::new("auth.jobs"))
+        .await
+        .unwrap();
+    nats.publish_message("auth.jobs", Message::new("in"), None)
+        .await
+        .unwrap();
+    let d = within(10, "a message with credentials", sub.next())
+        .await
+        .unwrap();
+    assert_eq!(d.envelope().payload(), "in".as_bytes());
+    d.ack().await.unwrap();
+    nats.close().await.unwrap();
+}

@@ -50,6 +50,8 @@ pub use self::core::{NatsDelivery, NatsSubscription};
 pub use self::jetstream::{JetStream, JetStreamDelivery, JetStreamSubscription, StreamSpec};
 use crate::binding::{Broker, Requester, SubscribeOptions};
 use crate::{Envelope, Error, Message, Result};
+/// The NATS client crate, for [`NatsBrokerBuilder::options`].
+pub use async_nats;
 
 /// A connection to a NATS server (core NATS). Cloning shares the connection.
 #[derive(Clone)]
@@ -82,12 +84,26 @@ impl std::fmt::Debug for NatsBroker {
 ///     .await?;
 /// # drop(nats); Ok(()) }
 /// ```
-#[derive(Debug)]
 pub struct NatsBrokerBuilder {
     name: Option<String>,
     subscription_capacity: usize,
     publish_timeout: Duration,
     connection_timeout: Duration,
+    options: Option<ConfigureOptions>,
+}
+
+type ConfigureOptions = Box<dyn FnOnce(ConnectOptions) -> ConnectOptions + Send>;
+
+impl std::fmt::Debug for NatsBrokerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsBrokerBuilder")
+            .field("name", &self.name)
+            .field("subscription_capacity", &self.subscription_capacity)
+            .field("publish_timeout", &self.publish_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("options", &self.options.as_ref().map(|_| "<configured>"))
+            .finish()
+    }
 }
 
 impl Default for NatsBrokerBuilder {
@@ -97,6 +113,7 @@ impl Default for NatsBrokerBuilder {
             subscription_capacity: 8192,
             publish_timeout: Duration::from_secs(10),
             connection_timeout: Duration::from_secs(5),
+            options: None,
         }
     }
 }
@@ -129,8 +146,32 @@ impl NatsBrokerBuilder {
         self
     }
 
+    /// Client settings the builder has no method for — credentials, TLS,
+    /// reconnect policy — applied to the client's
+    /// [`ConnectOptions`](async_nats::ConnectOptions) after the builder's
+    /// own (`ruststream::nats::async_nats` is the client crate).
+    ///
+    /// ```no_run
+    /// use ruststream::nats::NatsBroker;
+    ///
+    /// # async fn run() -> ruststream::Result<()> {
+    /// let nats = NatsBroker::builder()
+    ///     .options(|o| o.user_and_password("billing".into(), "s3cret".into()))
+    ///     .connect("nats://127.0.0.1:4222")
+    ///     .await?;
+    /// # drop(nats); Ok(()) }
+    /// ```
+    pub fn options(
+        mut self,
+        configure: impl FnOnce(ConnectOptions) -> ConnectOptions + Send + 'static,
+    ) -> Self {
+        self.options = Some(Box::new(configure));
+        self
+    }
+
     /// Connects to `url` (for example `nats://127.0.0.1:4222`). An
-    /// unreachable server is an [`Error::Transport`] naming the address.
+    /// unreachable server, or one that refuses the credentials, is an
+    /// [`Error::Transport`] naming the address.
     pub async fn connect(self, url: &str) -> Result<NatsBroker> {
         let mut options = ConnectOptions::new()
             .subscription_capacity(self.subscription_capacity)
@@ -138,6 +179,9 @@ impl NatsBrokerBuilder {
             .event_callback(|event| async move { connection_event(event) });
         if let Some(name) = self.name {
             options = options.name(name);
+        }
+        if let Some(configure) = self.options {
+            options = configure(options);
         }
         let client = options.connect(url).await.map_err(|err| {
             Error::Transport(format!("cannot connect to NATS at {url}: {err}").into())
