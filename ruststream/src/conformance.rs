@@ -29,7 +29,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
+use crate::binding::{Broker, Delivery, Requester, RetryAfter, SubscribeOptions, Subscription};
 use crate::message::header;
 use crate::{Error, Message, Result};
 
@@ -230,6 +230,7 @@ impl<'h, H: Harness> Suite<'h, H> {
         check!(fan_out_and_queue_groups, caps.queue_groups);
         check!(ack_never_redelivers, true);
         check!(nack_redelivers_with_attempt_plus_one, caps.redelivery);
+        check!(retry_after_is_held_no_sooner_or_handed_back, true);
         check!(
             unsettled_delivery_of_a_dropped_consumer_is_redelivered,
             caps.redelivers_unsettled && caps.queue_groups
@@ -395,6 +396,50 @@ async fn nack_redelivers_with_attempt_plus_one<B: Broker>(broker: &B, p: &str) -
     ensure(got == "again" && attempt == 2, || {
         format!("redelivery: payload {got:?}, attempt {attempt} (expected \"again\", 2)")
     })
+}
+
+/// `Delivery::retry_after`: a broker that holds the delay redelivers the
+/// same message, as its own subject, no sooner than the delay and with one
+/// more attempt counted; one that cannot hands the delivery back unsettled.
+async fn retry_after_is_held_no_sooner_or_handed_back<B: Broker>(broker: &B, p: &str) -> Outcome {
+    const DELAY: Duration = Duration::from_millis(500);
+    let subject = format!("{p}.retry");
+    let mut sub = subscribe(
+        broker,
+        SubscribeOptions::new(subject.as_str()).queue_group("w"),
+    )
+    .await?;
+    publish(broker, &subject, "later").await?;
+    let first = next(&mut sub, "the first delivery").await?;
+    let asked = tokio::time::Instant::now();
+    match first.retry_after(DELAY).await {
+        RetryAfter::NotHeld(first) => {
+            let got = text(&first);
+            first
+                .ack()
+                .await
+                .map_err(failed("ack of the handed-back delivery"))?;
+            ensure(got == "later", || format!("handed back {got:?}"))
+        }
+        RetryAfter::Held(Err(err)) => Err(format!("retry_after: {err}")),
+        RetryAfter::Held(Ok(())) => {
+            let again = next(&mut sub, "the held retry").await?;
+            let waited = asked.elapsed();
+            let env = again.envelope();
+            let (got, attempt) = (text(&again), env.total_attempt());
+            let same_subject = env.subject().as_str() == subject;
+            again.ack().await.map_err(failed("ack"))?;
+            ensure(waited >= DELAY, || {
+                format!("redelivered after {waited:?}, before the {DELAY:?} delay")
+            })?;
+            ensure(got == "later" && attempt == 2 && same_subject, || {
+                format!(
+                    "retry: payload {got:?}, total attempt {attempt}, own subject {same_subject} \
+                     (expected \"later\", 2, true)"
+                )
+            })
+        }
+    }
 }
 
 async fn unsettled_delivery_of_a_dropped_consumer_is_redelivered<B: Broker>(
