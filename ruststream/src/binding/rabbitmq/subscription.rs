@@ -32,7 +32,7 @@ pub struct RabbitSubscription {
     queue: String,
     prefetch: u16,
     consumer: Consumer,
-    flow: Option<Arc<PullFlow>>,
+    flow: Option<Arc<Flow>>,
     shared: Arc<Shared>,
 }
 
@@ -112,7 +112,12 @@ impl RabbitSubscription {
             channel,
             prefetch: broker.inner.settings.prefetch,
             consumer: Consumer::NotStarted,
-            flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
+            flow: options.receive_flow.then(|| {
+                Arc::new(Flow {
+                    gate: PullFlow::default(),
+                    acks: Arc::clone(&acks),
+                })
+            }),
             shared: Arc::new(Shared {
                 broker,
                 queue: queue.clone(),
@@ -235,7 +240,7 @@ impl Subscription for RabbitSubscription {
             return None;
         }
         if let Some(flow) = &self.flow {
-            flow.running().await;
+            flow.gate.running().await;
         }
         loop {
             let next = match self.consumer().await {
@@ -269,6 +274,24 @@ impl Subscription for RabbitSubscription {
     fn use_job_queue(&mut self, jobs: &Arc<JobQueue>) {
         let max = u16::try_from(jobs.pressure().max).unwrap_or(u16::MAX);
         self.prefetch = self.prefetch.min(max).max(1);
+    }
+}
+
+/// The receive-flow switch (JQ-15): while PAUSED, `next` takes nothing
+/// and the broker's credit stays held; pausing also sends the acks that
+/// wait in the window at once.
+struct Flow {
+    gate: PullFlow,
+    acks: Arc<Acks>,
+}
+
+impl ReceiveFlow for Flow {
+    fn set_paused(&self, paused: bool) {
+        self.gate.set_paused(paused);
+        if paused && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let acks = Arc::clone(&self.acks);
+            runtime.spawn(async move { acks.flush().await });
+        }
     }
 }
 
@@ -338,6 +361,14 @@ impl RabbitDelivery {
         self.shared.acks.ack(self.epoch, self.tag, acker).await
     }
 
+    /// Acked, with the window sent at once: the end of a nack, reject or
+    /// retry does not wait for company.
+    async fn ack_flushed(self) -> Result<()> {
+        let acks = Arc::clone(&self.shared.acks);
+        self.ack_now().await?;
+        acks.flush().await
+    }
+
     /// `basic.reject` without requeue: the broker routes it to the queue's
     /// dead-letter exchange.
     async fn reject_to_dead_letter_exchange(mut self) -> Result<()> {
@@ -395,7 +426,7 @@ impl Delivery for RabbitDelivery {
             .publish_to("", &shared.queue, self.env.payload(), properties, None)
             .await;
         match copy {
-            Ok(()) => self.ack_now().await,
+            Ok(()) => self.ack_flushed().await,
             Err(err) => {
                 self.requeue().await?;
                 Err(err)
@@ -444,7 +475,7 @@ impl Delivery for RabbitDelivery {
                 "message rejected and dropped (no dead-letter subject configured)"
             ),
         }
-        self.ack_now().await
+        self.ack_flushed().await
     }
 }
 
@@ -461,7 +492,7 @@ impl RabbitDelivery {
             .publish_delayed(&shared.queue, subject, &message, delay)
             .await
         {
-            Ok(()) => RetryAfter::Held(self.ack_now().await),
+            Ok(()) => RetryAfter::Held(self.ack_flushed().await),
             Err(err) => {
                 tracing::warn!(queue = %shared.queue, error = %err, "RabbitMQ delayed retry refused; retrying from a timer");
                 RetryAfter::NotHeld(self)
