@@ -235,6 +235,7 @@ impl SubscriberConfig {
             queue_group: self.queue_group.clone(),
             dead_letter: self.dead_letter.clone(),
             receive_flow: self.get_receive_flow(),
+            max_deliveries: Some(self.max_attempts),
         }
     }
 }

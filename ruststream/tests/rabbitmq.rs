@@ -62,6 +62,68 @@ async fn rabbitmq_conforms() {
     assert!(report.skipped.is_empty(), "skipped: {:?}", report.skipped);
 }
 
+/// Queue groups on quorum queues, where the broker counts deliveries.
+struct Quorum;
+
+impl Harness for Quorum {
+    type Broker = RabbitBroker;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::all()
+    }
+
+    async fn connect(&self, _prefix: &str) -> Result<RabbitBroker> {
+        Ok(builder().quorum_queues(true).connect(&url()).await.unwrap())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_conforms_on_quorum_queues() {
+    let report = conformance::run(&Quorum).await;
+    report.assert_passed();
+    assert!(report.skipped.is_empty(), "skipped: {:?}", report.skipped);
+}
+
+/// A message whose handler takes the process down every time never gets
+/// rejected by the runtime; on a quorum queue the broker counts the
+/// deliveries and dead-letters it after `max_deliveries` (the subscriber's
+/// `max_attempts`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_keeps_crashing_its_consumer_is_dead_lettered_by_the_broker() {
+    let subject = unique("rs.crashloop.");
+    let dead = format!("{subject}.dead");
+    let rabbit = builder().quorum_queues(true).connect(&url()).await.unwrap();
+    let mut dlq = rabbit
+        .subscribe(SubscribeOptions::new(dead.as_str()))
+        .await
+        .unwrap();
+    let options = SubscribeOptions::new(subject.as_str())
+        .queue_group("w")
+        .dead_letter(dead.as_str())
+        .max_deliveries(3);
+    rabbit.subscribe(options.clone()).await.unwrap();
+    rabbit
+        .publish_message(&subject, Message::new("poison"), None)
+        .await
+        .unwrap();
+    for attempt in 1..=3 {
+        // A consumer process that dies holding the message: its connection
+        // goes, and the broker takes the message back.
+        let consumer = builder().quorum_queues(true).connect(&url()).await.unwrap();
+        let mut sub = consumer.subscribe(options.clone()).await.unwrap();
+        let d = within(10, "the poison message", sub.next()).await.unwrap();
+        assert_eq!(d.envelope().attempt(), attempt);
+        consumer.close().await.unwrap();
+        drop(d);
+    }
+    let d = within(10, "the broker's dead letter", dlq.next())
+        .await
+        .unwrap();
+    assert_eq!(d.envelope().payload(), "poison".as_bytes());
+    d.ack().await.unwrap();
+    rabbit.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reject_dead_letters_with_the_reason() {
     let subject = unique("rs.dlq.");

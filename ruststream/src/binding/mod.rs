@@ -45,6 +45,12 @@ pub struct SubscribeOptions {
     /// the job queue's pressure state may pause (JQ-15). Plain pub/sub
     /// fan-out never is.
     pub receive_flow: bool,
+    /// Deliveries of one message after which a broker that counts them
+    /// dead-letters it itself (RabbitMQ quorum queues' delivery limit). The
+    /// runtime rejects at `max_attempts` on its own; this catches a message
+    /// whose handler crashes the process every time, so it never gets to
+    /// reject it. The app sets it to the subscriber's `max_attempts`.
+    pub max_deliveries: Option<u32>,
 }
 
 impl SubscribeOptions {
@@ -55,7 +61,14 @@ impl SubscribeOptions {
             queue_group: None,
             dead_letter: None,
             receive_flow: false,
+            max_deliveries: None,
         }
+    }
+
+    /// Sets [`max_deliveries`](Self::max_deliveries).
+    pub fn max_deliveries(mut self, deliveries: u32) -> Self {
+        self.max_deliveries = Some(deliveries.max(1));
+        self
     }
 
     /// Joins a queue group (competing consumers).

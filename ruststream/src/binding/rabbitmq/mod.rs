@@ -98,6 +98,7 @@ pub struct RabbitBrokerBuilder {
     prefetch: u16,
     ack_window: usize,
     queue_expires: Option<Duration>,
+    quorum: bool,
     publish_timeout: Duration,
 }
 
@@ -109,6 +110,7 @@ impl Default for RabbitBrokerBuilder {
             prefetch: 64,
             ack_window: 32,
             queue_expires: None,
+            quorum: false,
             publish_timeout: Duration::from_secs(10),
         }
     }
@@ -149,6 +151,17 @@ impl RabbitBrokerBuilder {
     /// as a durable work queue should).
     pub fn queue_expires(mut self, idle: Duration) -> Self {
         self.queue_expires = Some(idle);
+        self
+    }
+
+    /// Declare queue groups' queues as quorum queues (replicated; default:
+    /// classic durable queues). The broker then counts deliveries: `nack`
+    /// is a plain requeue with the broker's delivery count as the attempt,
+    /// and a message delivered `max_attempts` times without being settled —
+    /// a handler that crashes the process every time — is dead-lettered by
+    /// the broker itself (`x-delivery-limit`).
+    pub fn quorum_queues(mut self, on: bool) -> Self {
+        self.quorum = on;
         self
     }
 

@@ -38,6 +38,8 @@ pub struct RabbitSubscription {
 
 struct Shared {
     broker: RabbitBroker,
+    /// A quorum queue: the broker counts deliveries.
+    quorum: bool,
     queue: String,
     dead_letter: Option<Text>,
     acks: Arc<Acks>,
@@ -74,6 +76,15 @@ impl RabbitSubscription {
         if let (Some(_), Some(idle)) = (&options.queue_group, broker.inner.settings.queue_expires) {
             let ms = u32::try_from(idle.as_millis()).unwrap_or(u32::MAX);
             arguments.insert("x-expires".into(), AMQPValue::LongUInt(ms));
+        }
+        let quorum = options.queue_group.is_some() && broker.inner.settings.quorum;
+        if quorum {
+            arguments.insert("x-queue-type".into(), super::long("quorum"));
+            if let Some(deliveries) = options.max_deliveries {
+                // Returned this many times more than the first delivery.
+                let returns = deliveries.saturating_sub(1);
+                arguments.insert("x-delivery-limit".into(), AMQPValue::LongUInt(returns));
+            }
         }
         if let Some(dead_letter) = &options.dead_letter {
             // What the broker itself dead-letters (a reject without requeue,
@@ -120,6 +131,7 @@ impl RabbitSubscription {
             }),
             shared: Arc::new(Shared {
                 broker,
+                quorum,
                 queue: queue.clone(),
                 dead_letter: options.dead_letter,
                 acks,
@@ -224,6 +236,21 @@ fn fanout_queue_name(subject: &str) -> String {
     )
 }
 
+/// Header a quorum queue sets on a redelivery: how often it was returned.
+const DELIVERY_COUNT: &str = "x-delivery-count";
+
+fn count(value: &AMQPValue) -> u32 {
+    let n = match value {
+        AMQPValue::LongLongInt(n) => *n,
+        AMQPValue::LongInt(n) => i64::from(*n),
+        AMQPValue::LongUInt(n) => i64::from(*n),
+        AMQPValue::ShortInt(n) => i64::from(*n),
+        AMQPValue::ShortUInt(n) => i64::from(*n),
+        _ => 0,
+    };
+    u32::try_from(n).unwrap_or(0)
+}
+
 fn text(value: &AMQPValue) -> Option<String> {
     match value {
         AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
@@ -319,6 +346,11 @@ pub(super) fn envelope(delivery: lapin::message::Delivery) -> Envelope {
     let mut attempt = 1 + u32::from(redelivered);
     if let Some(headers) = properties.headers() {
         for (name, value) in headers {
+            if name.as_str() == DELIVERY_COUNT {
+                // A quorum queue's count of earlier deliveries.
+                attempt = attempt.max(count(value).saturating_add(1));
+                continue;
+            }
             let Some(value) = text(value) else { continue };
             match name.as_str() {
                 // The broker's dead-lettering bookkeeping, not the sender's.
@@ -412,8 +444,13 @@ impl Delivery for RabbitDelivery {
 
     /// A copy goes back to the same queue with attempt + 1, then the
     /// original is acked; if the copy cannot be published the original is
-    /// requeued instead, so nothing is lost.
+    /// requeued instead, so nothing is lost. On a quorum queue, which counts
+    /// deliveries itself, a plain requeue.
     async fn nack(self) -> Result<()> {
+        if self.shared.quorum {
+            // The broker counts it: back to the queue, attempt + 1.
+            return self.requeue().await;
+        }
         let shared = Arc::clone(&self.shared);
         let attempt = (self.env.attempt() + 1).to_string();
         let subject = self.env.subject().as_str().to_owned();
