@@ -14,7 +14,8 @@ pub mod header {
     pub const ORIGINAL_SUBJECT: &str = "ruststream-original-subject";
     /// Attempt number at which a message was dead-lettered.
     pub const ATTEMPT: &str = "ruststream-attempt";
-    /// How many times `retry_after` republished a message.
+    /// Attempts made on the earlier copies of a message that `retry_after`
+    /// republished.
     pub const RETRIES: &str = "ruststream-retries";
     /// Delay a `retry_after` still had to wait when a shutdown published it
     /// early; the next consumer re-arms it.
@@ -267,8 +268,10 @@ impl Envelope {
         self.attempt
     }
 
-    /// How many times `retry_after` republished this message (the
-    /// `ruststream-retries` header).
+    /// Attempts made on the earlier copies `retry_after` republished (the
+    /// `ruststream-retries` header): one per retry, more where a copy was
+    /// also redelivered before it asked for the retry, so attempts never go
+    /// down across retries.
     pub fn retries(&self) -> u32 {
         self.headers()
             .get(header::RETRIES)

@@ -108,11 +108,16 @@ pub(crate) fn schedule_retry<B: Broker>(
     });
 }
 
-/// The copy a `retry_after` publishes: one more retry counted (a copy a
-/// shutdown published early already counts it), and the delay it still has
-/// to wait, if any.
+/// The copy a `retry_after` publishes: the attempts made so far counted (a
+/// copy a shutdown published early was never handled, and adds none), and
+/// the delay it still has to wait, if any.
 pub(crate) fn retry_message(env: &Envelope, remaining: Duration) -> Message {
-    let retries = env.retries() + u32::from(env.retry_delay().is_none());
+    let made = if env.retry_delay().is_none() {
+        env.attempt()
+    } else {
+        0
+    };
+    let retries = env.retries() + made;
     let mut message = env.message().clone();
     let headers = message.headers_mut();
     headers.insert(header::RETRIES, retries.to_string());

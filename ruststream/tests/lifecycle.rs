@@ -399,6 +399,45 @@ async fn rt8_retry_after_republishes_until_max_attempts_then_dead_letters() {
     assert_eq!(*QUICK_SEEN.lock().unwrap(), [1, 2, 3]);
 }
 
+static MIXED_SEEN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Odd attempts fail (a nack: redelivered), even ones ask for a retry.
+#[subscriber("mixed.jobs", max_attempts = 4, dead_letter = "mixed.dlq")]
+async fn fail_then_retry(_job: String, ctx: Ctx) -> Result<(), HandlerError> {
+    MIXED_SEEN.lock().unwrap().push(ctx.attempt());
+    if ctx.attempt() % 2 == 1 {
+        return Err(HandlerError::retry(std::io::Error::other("flaky")));
+    }
+    ctx.retry_after(Duration::from_millis(1));
+    Ok(())
+}
+
+/// RT-8: a retry counts every attempt made before it, redeliveries
+/// included, so attempts never go down and `max_attempts` bounds the total.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt8_attempts_never_go_down_across_nacks_and_retries() {
+    let broker = MemoryBroker::new();
+    let mut dlq = broker
+        .subscribe(SubscribeOptions::new("mixed.dlq"))
+        .await
+        .unwrap();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(fail_then_retry)
+        .start()
+        .await
+        .unwrap();
+    broker
+        .publish_message("mixed.jobs", Message::new("job"), None)
+        .await
+        .unwrap();
+    within(10, "dead letter after max_attempts", dlq.next())
+        .await
+        .unwrap();
+    running.shutdown().await.unwrap();
+    assert_eq!(*MIXED_SEEN.lock().unwrap(), [1, 2, 3, 4]);
+}
+
 // ---------------------------------------------------------------------------
 // Hooks and triggers.
 

@@ -421,7 +421,14 @@ impl Delivery for JetStreamDelivery {
     /// JetStream holds the delay: a nak with delay, so the retry survives a
     /// crash of this process. The server's delivery count is the attempt,
     /// so the retry counts as one more attempt (not in `retries`).
+    ///
+    /// A copy a shutdown published early (it carries its remaining delay in
+    /// a header) is handed back: a nak would bring back the header with it,
+    /// again and again; the runtime republishes it without.
     async fn retry_after(self, delay: Duration) -> RetryAfter<Self> {
+        if self.env.retry_delay().is_some() {
+            return RetryAfter::NotHeld(self);
+        }
         RetryAfter::Held(self.nack_after(delay).await)
     }
 

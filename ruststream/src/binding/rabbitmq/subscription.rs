@@ -332,8 +332,13 @@ pub struct RabbitDelivery {
     shared: Arc<Shared>,
 }
 
-/// The envelope of a received delivery (also a direct reply-to reply).
-pub(super) fn envelope(delivery: lapin::message::Delivery) -> Envelope {
+/// The envelope of a received delivery (also a direct reply-to reply, with
+/// no `own_queue`). The subject and attempt headers of a nack or retry copy
+/// count only where the copy was routed back into the consuming queue
+/// itself (`own_queue`): a copy the broker dead-lettered elsewhere arrives
+/// under the dead-letter subject, with where it came from as
+/// `ruststream-original-subject`.
+pub(super) fn envelope(delivery: lapin::message::Delivery, own_queue: Option<&str>) -> Envelope {
     let lapin::message::Delivery {
         routing_key,
         redelivered,
@@ -342,6 +347,7 @@ pub(super) fn envelope(delivery: lapin::message::Delivery) -> Envelope {
         ..
     } = delivery;
     let mut message = Message::new(bytes::Bytes::from(data));
+    let own_copy = own_queue == Some(routing_key.as_str());
     let mut subject = routing_key.as_str().to_owned();
     let mut attempt = 1 + u32::from(redelivered);
     if let Some(headers) = properties.headers() {
@@ -357,8 +363,15 @@ pub(super) fn envelope(delivery: lapin::message::Delivery) -> Envelope {
                 name if name.starts_with("x-first-death-") || name.starts_with("x-last-death-") => {
                 }
                 KEY => message = message.with_key(value),
-                SUBJECT => subject = value,
-                REDELIVERY => attempt = value.parse().unwrap_or(attempt),
+                SUBJECT if own_copy => subject = value,
+                SUBJECT => message = message.with_header(header::ORIGINAL_SUBJECT, value),
+                // The copy's attempt, plus one if the copy itself came back.
+                REDELIVERY if own_copy => {
+                    attempt = value
+                        .parse::<u32>()
+                        .map_or(attempt, |a| a + u32::from(redelivered));
+                }
+                REDELIVERY => {}
                 other => message = message.with_header(other, value),
             }
         }
@@ -377,7 +390,7 @@ impl RabbitDelivery {
         let tag = delivery.delivery_tag;
         let acker = delivery.acker.clone();
         RabbitDelivery {
-            env: envelope(delivery),
+            env: envelope(delivery, Some(&shared.queue)),
             tag,
             epoch,
             acker: Some(acker),
@@ -399,6 +412,20 @@ impl RabbitDelivery {
         let acks = Arc::clone(&self.shared.acks);
         self.ack_now().await?;
         acks.flush().await
+    }
+
+    /// `basic.reject` with requeue, which a quorum queue counts as a
+    /// delivery attempt.
+    async fn return_to_queue(mut self) -> Result<()> {
+        let Some(acker) = self.acker.take() else {
+            return Ok(());
+        };
+        let returned = acker
+            .reject(BasicRejectOptions { requeue: true })
+            .await
+            .map_err(transport);
+        self.shared.acks.gone(self.epoch, self.tag);
+        returned.map(|_| ())
     }
 
     /// `basic.reject` without requeue: the broker routes it to the queue's
@@ -448,8 +475,9 @@ impl Delivery for RabbitDelivery {
     /// deliveries itself, a plain requeue.
     async fn nack(self) -> Result<()> {
         if self.shared.quorum {
-            // The broker counts it: back to the queue, attempt + 1.
-            return self.requeue().await;
+            // The broker counts it: back to the queue, attempt + 1. A
+            // reject, not a nack: RabbitMQ 4.3 counts only rejects.
+            return self.return_to_queue().await;
         }
         let shared = Arc::clone(&self.shared);
         let attempt = (self.env.attempt() + 1).to_string();
