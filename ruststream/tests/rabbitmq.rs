@@ -69,7 +69,7 @@ impl Harness for Quorum {
     type Broker = RabbitBroker;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::all()
+        Capabilities::all().counting_returns()
     }
 
     async fn connect(&self, _prefix: &str) -> Result<RabbitBroker> {
