@@ -235,11 +235,12 @@ async fn queue_depth(queue: &str) -> usize {
     declared.message_count() as usize
 }
 
-/// Closes the connection named `name` from the server side, as an operator
-/// (or a broker restart) would: `rabbitmqctl close_connection`. Only this
-/// test's own connection: the server is shared with the other tests.
-async fn close_connection_named(name: &str) {
-    let pid = within(30, "the connection listed by rabbitmqctl", async {
+/// Closes the connections named `name` (consuming) and `name-publish` from
+/// the server side, as an operator (or a broker restart) would: `rabbitmqctl
+/// close_connection`. Only this test's own connections: the server is
+/// shared with the other tests.
+async fn close_connections_named(name: &str) {
+    let pids = within(30, "the connections listed by rabbitmqctl", async {
         loop {
             let out = tokio::process::Command::new("rabbitmqctl")
                 .args(["list_connections", "-s", "pid", "client_properties"])
@@ -247,23 +248,30 @@ async fn close_connection_named(name: &str) {
                 .await
                 .expect("rabbitmqctl runs (it comes with rabbitmq-server)");
             let listing = String::from_utf8_lossy(&out.stdout).into_owned();
-            let quoted = format!("\"{name}\"");
-            if let Some(line) = listing.lines().find(|line| line.contains(&quoted)) {
-                break line.split_whitespace().next().unwrap().to_owned();
+            let names = [format!("\"{name}\""), format!("\"{name}-publish\"")];
+            let pids: Vec<String> = listing
+                .lines()
+                .filter(|line| names.iter().any(|n| line.contains(n.as_str())))
+                .map(|line| line.split_whitespace().next().unwrap().to_owned())
+                .collect();
+            if pids.len() == 2 {
+                break pids;
             }
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
     })
     .await;
-    let status = tokio::process::Command::new("rabbitmqctl")
-        .args(["close_connection", &pid, "ruststream reconnect test"])
-        .status()
-        .await
-        .unwrap();
-    assert!(
-        status.success(),
-        "rabbitmqctl close_connection {pid} failed"
-    );
+    for pid in pids {
+        let status = tokio::process::Command::new("rabbitmqctl")
+            .args(["close_connection", &pid, "ruststream reconnect test"])
+            .status()
+            .await
+            .unwrap();
+        assert!(
+            status.success(),
+            "rabbitmqctl close_connection {pid} failed"
+        );
+    }
 }
 
 fn body(delivery: &impl Delivery) -> String {
@@ -333,7 +341,7 @@ async fn a_connection_closed_by_the_server_is_recovered_and_loses_nothing() {
     let held = within(10, "a delivery to hold", sub.next()).await.unwrap();
     let held_body = body(&held);
 
-    close_connection_named(&name).await;
+    close_connections_named(&name).await;
 
     // Published while the consumer's connection is down or coming back.
     for i in 10..15 {

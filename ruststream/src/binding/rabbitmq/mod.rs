@@ -22,12 +22,14 @@
 //! * A lost connection is recovered: the client reconnects with backoff and
 //!   re-creates channels, queues, bindings and consumers; deliveries that
 //!   were unsettled when it broke come back from the broker (attempt + 1),
-//!   and publishes caught by the outage are sent again once it is back.
+//!   and publishes caught by the outage are sent again once it is back (a
+//!   request only if it had not been sent yet: a reply may be on its way).
 
 mod acks;
 mod reply;
 mod subscription;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -42,6 +44,14 @@ use tokio::time::Instant;
 pub use self::subscription::{RabbitDelivery, RabbitSubscription};
 use crate::binding::{Broker, SubscribeOptions};
 use crate::{Error, Message, Result};
+
+/// The longest delay a delay queue holds (its `x-expires`, a 32-bit count
+/// of milliseconds, must exceed it by a minute); longer ones are left to the
+/// runtime's timer.
+const MAX_HELD_DELAY_MS: u32 = u32::MAX - 60_000;
+/// How long a delay queue's declaration is trusted before it is renewed
+/// (its lease runs a minute past its delay).
+const REDECLARE_AFTER: Duration = Duration::from_secs(30);
 
 /// Header carrying [`Message::key`].
 const KEY: &str = "ruststream-key";
@@ -58,8 +68,13 @@ pub struct RabbitBroker {
 }
 
 struct Inner {
-    /// Re-established by the client after a connection loss (auto-recover).
+    /// Consumes. Re-established by the client after a connection loss
+    /// (auto-recover), as is `publish_conn`.
     conn: Connection,
+    /// Publishes (and sends requests): a connection of its own, because the
+    /// broker blocks publishing connections under a resource alarm, and
+    /// consumers — and their acks — must keep draining queues then.
+    publish_conn: Connection,
     /// Publishes, with publisher confirms.
     publisher: lapin::Channel,
     settings: RabbitBrokerBuilder,
@@ -68,6 +83,8 @@ struct Inner {
     ack_windows: Mutex<Vec<Weak<acks::Acks>>>,
     /// The request channel, started by the first request.
     inbox: tokio::sync::Mutex<Option<Arc<reply::Inbox>>>,
+    /// Delay queues declared lately, and when.
+    delay_queues: Mutex<HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for RabbitBroker {
@@ -117,8 +134,9 @@ impl Default for RabbitBrokerBuilder {
 }
 
 impl RabbitBrokerBuilder {
-    /// The connection's name as the broker shows it (`rabbitmqctl
-    /// list_connections user_provided_name`; default `ruststream`).
+    /// The connections' name as the broker shows it (default `ruststream`):
+    /// the consuming connection has this name, the publishing one this name
+    /// with `-publish`.
     pub fn connection_name(mut self, name: impl Into<String>) -> Self {
         self.connection_name = name.into();
         self
@@ -178,14 +196,19 @@ impl RabbitBrokerBuilder {
         let unreachable = |err: lapin::Error| {
             Error::Transport(format!("cannot connect to RabbitMQ at {url}: {err}").into())
         };
-        let properties = ConnectionProperties::default()
-            .with_connection_name(self.connection_name.as_str().into())
-            .enable_auto_recover();
-        let conn = Connection::connect(url, properties)
-            .await
-            .map_err(unreachable)?;
-        watch_connection(&conn);
-        let publisher = conn.create_channel().await.map_err(transport)?;
+        let open = |name: String| async move {
+            let properties = ConnectionProperties::default()
+                .with_connection_name(name.into())
+                .enable_auto_recover();
+            let conn = Connection::connect(url, properties)
+                .await
+                .map_err(unreachable)?;
+            watch_connection(&conn);
+            Ok::<_, Error>(conn)
+        };
+        let conn = open(self.connection_name.clone()).await?;
+        let publish_conn = open(format!("{}-publish", self.connection_name)).await?;
+        let publisher = publish_conn.create_channel().await.map_err(transport)?;
         publisher
             .confirm_select(ConfirmSelectOptions::default())
             .await
@@ -205,11 +228,13 @@ impl RabbitBrokerBuilder {
         Ok(RabbitBroker {
             inner: Arc::new(Inner {
                 conn,
+                publish_conn,
                 publisher,
                 settings: self,
                 closed: AtomicBool::new(false),
                 ack_windows: Mutex::new(Vec::new()),
                 inbox: tokio::sync::Mutex::new(None),
+                delay_queues: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -262,7 +287,10 @@ impl RabbitBroker {
     }
 
     /// Publishes `payload` to `exchange` with `routing_key` and waits for
-    /// the publisher confirm until `deadline`.
+    /// the publisher confirm until `deadline`. A publish through the default
+    /// exchange goes straight to a queue that must exist (a nack or retry
+    /// copy): it is mandatory, and an unroutable one is an error, not a
+    /// silent drop. Replies to direct reply-to are not.
     pub(crate) async fn publish_to(
         &self,
         exchange: &str,
@@ -272,6 +300,7 @@ impl RabbitBroker {
         deadline: Option<Instant>,
     ) -> Result<()> {
         self.ensure_open()?;
+        let to_queue = exchange.is_empty() && !routing_key.starts_with(reply::REPLY_TO);
         let deadline =
             deadline.unwrap_or_else(|| Instant::now() + self.inner.settings.publish_timeout);
         let publisher = &self.inner.publisher;
@@ -282,7 +311,10 @@ impl RabbitBroker {
                         .basic_publish(
                             exchange.into(),
                             routing_key.into(),
-                            BasicPublishOptions::default(),
+                            BasicPublishOptions {
+                                mandatory: to_queue,
+                                ..Default::default()
+                            },
                             payload,
                             properties.clone(),
                         )
@@ -290,6 +322,12 @@ impl RabbitBroker {
                     confirm.await
                 };
                 match sent.await {
+                    Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_))) => {
+                        return Err(Error::Transport(
+                            format!("RabbitMQ has no queue `{routing_key}` to take the message")
+                                .into(),
+                        ));
+                    }
                     Ok(Confirmation::Nack(_)) => {
                         return Err(Error::Transport(
                             "RabbitMQ refused the message (publisher confirm nack)".into(),
@@ -344,12 +382,27 @@ impl RabbitBroker {
     /// The request channel, started on first use.
     async fn inbox(&self) -> Result<Arc<reply::Inbox>> {
         let mut inbox = self.inner.inbox.lock().await;
-        if let Some(inbox) = &*inbox {
+        if let Some(inbox) = inbox.as_ref().filter(|inbox| inbox.alive()) {
             return Ok(Arc::clone(inbox));
         }
-        let started = Arc::new(reply::Inbox::start(&self.inner.conn).await?);
+        let started = Arc::new(reply::Inbox::start(&self.inner.publish_conn).await?);
         *inbox = Some(Arc::clone(&started));
         Ok(started)
+    }
+
+    /// Forgets `stale` (its reply consumer is gone on the broker), unless
+    /// another request already did, and closes its channel, which ends its
+    /// dispatch task; the next request starts a new inbox.
+    async fn discard_inbox(&self, stale: &Arc<reply::Inbox>) {
+        let mut inbox = self.inner.inbox.lock().await;
+        if inbox
+            .as_ref()
+            .is_some_and(|current| Arc::ptr_eq(current, stale))
+        {
+            *inbox = None;
+            let channel = stale.channel().clone();
+            tokio::spawn(async move { close_channel(channel, "reply consumer lost").await });
+        }
     }
 }
 
@@ -460,10 +513,19 @@ impl RabbitBroker {
     /// exchange. One queue per delay: RabbitMQ expires messages only at a
     /// queue's head, so mixed delays would wait for each other. Declared
     /// before each use, which renews its lease: it goes away a minute after
-    /// its last message is due.
+    /// its last message is due. Declarations are remembered for
+    /// [`REDECLARE_AFTER`], well inside that lease, so a burst of retries
+    /// opens no channel each.
     async fn delay_queue(&self, queue: &str, delay: Duration) -> Result<String> {
-        let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX - 60_000);
+        let ms = u32::try_from(delay.as_millis())
+            .ok()
+            .filter(|ms| *ms <= MAX_HELD_DELAY_MS)
+            .ok_or_else(|| Error::Config(format!("a delay of {delay:?} is too long to hold")))?;
         let name = format!("{queue}.delay.{ms}");
+        let fresh = |at: &Instant| at.elapsed() < REDECLARE_AFTER;
+        if self.declared_delays().get(&name).is_some_and(fresh) {
+            return Ok(name);
+        }
         let mut arguments = FieldTable::default();
         arguments.insert("x-dead-letter-exchange".into(), long(""));
         arguments.insert("x-dead-letter-routing-key".into(), long(queue));
@@ -484,7 +546,18 @@ impl RabbitBroker {
             .await
             .map_err(transport);
         close_admin(admin).await;
-        declared.map(|_| name)
+        declared?;
+        let mut declared = self.declared_delays();
+        declared.retain(|_, at| fresh(at));
+        declared.insert(name.clone(), Instant::now());
+        Ok(name)
+    }
+
+    fn declared_delays(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.inner
+            .delay_queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Publishes `message` (to be delivered as `subject`) into `queue`'s
@@ -499,14 +572,29 @@ impl RabbitBroker {
         let delay_queue = self.delay_queue(queue, delay).await?;
         let properties = properties(message, &[(SUBJECT, subject.to_owned())])
             .with_expiration(ShortString::from(delay.as_millis().to_string()));
-        self.publish_to("", &delay_queue, message.payload(), properties, None)
-            .await
+        let published = self
+            .publish_to("", &delay_queue, message.payload(), properties, None)
+            .await;
+        if published.is_err() {
+            // Deleted behind our back? Declare it again next time.
+            self.declared_delays().remove(&delay_queue);
+        }
+        published
     }
 }
 
 async fn close_admin(channel: lapin::Channel) {
-    if channel.status().connected() {
-        let _ = channel.close(200, "declared".into()).await;
+    close_channel(channel, "declared").await;
+}
+
+/// Closes `channel`. One caught by a connection loss is closed once the
+/// client has re-created it: left alone, it would come back — with its
+/// consumer, holding up to `prefetch` messages nobody reads.
+pub(crate) async fn close_channel(channel: lapin::Channel, why: &str) {
+    if let Err(err) = channel.close(200, why.into()).await
+        && channel.wait_for_recovery(err).await.is_ok()
+    {
+        let _ = channel.close(200, why.into()).await;
     }
 }
 
@@ -572,17 +660,11 @@ impl Broker for RabbitBroker {
                 tracing::warn!(error = %err, "RabbitMQ acks at close failed; the broker redelivers");
             }
         }
-        match self
-            .inner
-            .conn
-            .close(200, "ruststream closing".into())
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(err) => {
+        for conn in [&self.inner.publish_conn, &self.inner.conn] {
+            if let Err(err) = conn.close(200, "ruststream closing".into()).await {
                 tracing::debug!(error = %err, "RabbitMQ close");
-                Ok(())
             }
         }
+        Ok(())
     }
 }

@@ -6,14 +6,14 @@
 //! a request that already ended is dropped and counted.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lapin::Confirmation;
 use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{FieldTable, ShortString};
+use lapin::{BasicProperties, Confirmation};
 use tokio::sync::oneshot;
 
 use super::{RabbitBroker, transport};
@@ -30,6 +30,19 @@ pub(crate) struct Inbox {
     channel: lapin::Channel,
     next: AtomicU64,
     waiting: Arc<Mutex<Waiting>>,
+    /// Cleared when the reply consumer ends for good: the broker then
+    /// starts a new inbox for the next request.
+    alive: Arc<AtomicBool>,
+}
+
+impl Inbox {
+    pub(crate) fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn channel(&self) -> &lapin::Channel {
+        &self.channel
+    }
 }
 
 fn lock(waiting: &Mutex<Waiting>) -> MutexGuard<'_, Waiting> {
@@ -57,6 +70,8 @@ impl Inbox {
             .map_err(transport)?;
         let waiting: Arc<Mutex<Waiting>> = Arc::default();
         let dispatch = Arc::clone(&waiting);
+        let alive = Arc::new(AtomicBool::new(true));
+        let ended = Arc::clone(&alive);
         let recovering = channel.clone();
         tokio::spawn(async move {
             while let Some(reply) = replies.next().await {
@@ -89,46 +104,53 @@ impl Inbox {
                     }
                 }
             }
+            // Ended for good: waiting callers learn it now (their reply
+            // can no longer come), and the next request starts a new inbox.
+            ended.store(false, Ordering::Release);
+            lock(&dispatch).clear();
         });
         Ok(Inbox {
             channel,
             next: AtomicU64::new(1),
             waiting,
+            alive,
         })
     }
 }
 
 /// Removes a request's entry however it ends.
-struct Entry<'a>(&'a Mutex<Waiting>, String);
+struct Entry(Arc<Mutex<Waiting>>, String);
 
-impl Drop for Entry<'_> {
+impl Drop for Entry {
     fn drop(&mut self) {
-        lock(self.0).remove(&self.1);
+        lock(&self.0).remove(&self.1);
     }
 }
 
-impl Requester for RabbitBroker {
-    /// Publishes `message` to `subject` with a direct reply-to address and
-    /// waits up to `timeout` for the reply. The request's correlation id is
-    /// the request's own (a caller's correlation id is replaced).
-    async fn request_message(
+/// How one try to send a request ended.
+enum Sent {
+    Sent,
+    /// Refused because the inbox's reply consumer is gone on the broker
+    /// (its channel was re-created without it yet): nothing was sent.
+    NoReplyConsumer,
+}
+
+fn no_reply_consumer(err: &lapin::Error) -> bool {
+    err.to_string()
+        .contains("fast reply consumer does not exist")
+}
+
+impl RabbitBroker {
+    /// Publishes one request on `inbox`, waiting for its confirm.
+    async fn send_request(
         &self,
+        inbox: &Inbox,
+        properties: BasicProperties,
         subject: &str,
-        message: Message,
-        timeout: Duration,
-    ) -> Result<Envelope> {
-        self.ensure_open()?;
-        let inbox = self.inbox().await?;
-        let id = format!("rs-{}", inbox.next.fetch_add(1, Ordering::Relaxed));
-        let (tx, rx) = oneshot::channel();
-        lock(&inbox.waiting).insert(id.clone(), tx);
-        let _entry = Entry(&inbox.waiting, id.clone());
-        let properties = super::properties(&message, &[])
-            .with_correlation_id(ShortString::from(id.as_str()))
-            .with_reply_to(ShortString::from(REPLY_TO));
-        let deadline = tokio::time::Instant::now() + timeout;
-        let publish = async {
-            let confirm = inbox
+        message: &Message,
+    ) -> Result<Sent> {
+        let confirm = loop {
+            let sent = inbox
                 .channel
                 .basic_publish(
                     self.inner.settings.exchange.as_str().into(),
@@ -138,30 +160,103 @@ impl Requester for RabbitBroker {
                         ..Default::default()
                     },
                     message.payload(),
-                    properties,
+                    properties.clone(),
                 )
-                .await
-                .map_err(transport)?;
-            match confirm.await.map_err(transport)? {
-                Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
-                    Err(Error::NoResponders(subject.to_owned()))
-                }
-                Confirmation::Nack(None) => Err(Error::Transport(
-                    "RabbitMQ refused the request (publisher confirm nack)".into(),
-                )),
-                _ => Ok(()),
+                .await;
+            match sent {
+                Ok(confirm) => break confirm,
+                Err(err) if no_reply_consumer(&err) => return Ok(Sent::NoReplyConsumer),
+                // Not sent: the connection is coming back; send it once it
+                // is (a request already sent is never sent twice).
+                Err(err) => inbox
+                    .channel
+                    .wait_for_recovery(err)
+                    .await
+                    .map_err(transport)?,
             }
         };
-        match tokio::time::timeout_at(deadline, publish).await {
-            Ok(result) => result?,
-            Err(_) => return Err(Error::Timeout(timeout)),
-        }
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(_)) => Err(Error::Closed(
-                "RabbitMQ reply channel closed before the reply",
+        match confirm.await {
+            Err(err) if no_reply_consumer(&err) => Ok(Sent::NoReplyConsumer),
+            Err(err) => Err(transport(err)),
+            Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_))) => {
+                Err(Error::NoResponders(subject.to_owned()))
+            }
+            Ok(Confirmation::Nack(None)) => Err(Error::Transport(
+                "RabbitMQ refused the request (publisher confirm nack)".into(),
             )),
-            Err(_) => Err(Error::Timeout(timeout)),
+            Ok(_) => Ok(Sent::Sent),
         }
     }
+}
+
+impl Requester for RabbitBroker {
+    /// Publishes `message` to `subject` with a direct reply-to address and
+    /// waits up to `timeout` for the reply. The request's correlation id is
+    /// the request's own (a caller's correlation id is replaced). While the
+    /// connection recovers, a request that could not be sent yet — no
+    /// request channel, or the broker refusing it because the recovered
+    /// channel has no reply consumer yet — is tried again, within `timeout`,
+    /// on a fresh request channel.
+    async fn request_message(
+        &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<Envelope> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            self.ensure_open()?;
+            let inbox = match self.inbox().await {
+                Ok(inbox) => inbox,
+                Err(err) => {
+                    if !pause(deadline, &mut backoff).await {
+                        return Err(err);
+                    }
+                    continue;
+                }
+            };
+            let id = format!("rs-{}", inbox.next.fetch_add(1, Ordering::Relaxed));
+            let (tx, rx) = oneshot::channel();
+            lock(&inbox.waiting).insert(id.clone(), tx);
+            let entry = Entry(Arc::clone(&inbox.waiting), id.clone());
+            let properties = super::properties(&message, &[])
+                .with_correlation_id(ShortString::from(id.as_str()))
+                .with_reply_to(ShortString::from(REPLY_TO));
+            let sent = self.send_request(&inbox, properties, subject, &message);
+            match tokio::time::timeout_at(deadline, sent).await {
+                Err(_) => return Err(Error::Timeout(timeout)),
+                Ok(Err(err)) => return Err(err),
+                Ok(Ok(Sent::NoReplyConsumer)) => {
+                    drop(entry);
+                    self.discard_inbox(&inbox).await;
+                    if !pause(deadline, &mut backoff).await {
+                        return Err(Error::Timeout(timeout));
+                    }
+                    continue;
+                }
+                Ok(Ok(Sent::Sent)) => {}
+            }
+            let reply = match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(reply)) => Ok(reply),
+                Ok(Err(_)) => Err(Error::Closed(
+                    "RabbitMQ reply channel closed before the reply",
+                )),
+                Err(_) => Err(Error::Timeout(timeout)),
+            };
+            drop(entry);
+            return reply;
+        }
+    }
+}
+
+/// Waits `backoff` (doubling it, up to half a second) if that ends before
+/// `deadline`; `false` if it would not.
+async fn pause(deadline: tokio::time::Instant, backoff: &mut Duration) -> bool {
+    if tokio::time::Instant::now() + *backoff >= deadline {
+        return false;
+    }
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_millis(500));
+    true
 }

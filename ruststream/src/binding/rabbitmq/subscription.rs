@@ -113,12 +113,15 @@ impl RabbitSubscription {
             .await
             .map_err(transport)?;
         let acks = Acks::new(broker.inner.settings.ack_window);
-        broker
-            .inner
-            .ack_windows
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::downgrade(&acks));
+        {
+            let mut windows = broker
+                .inner
+                .ack_windows
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            windows.retain(|window| window.strong_count() > 0);
+            windows.push(Arc::downgrade(&acks));
+        }
         Ok(RabbitSubscription {
             channel,
             prefetch: broker.inner.settings.prefetch,
@@ -213,9 +216,10 @@ fn declare_failed(queue: &str, err: lapin::Error) -> crate::Error {
     let text = err.to_string();
     if text.contains("PRECONDITION_FAILED") {
         return crate::Error::Config(format!(
-            "RabbitMQ queue `{queue}` already exists with other settings (dead-letter \
-             subject or queue_expires changed?): {text}; delete the queue \
-             (`rabbitmqctl delete_queue {queue}`) or keep its old settings"
+            "RabbitMQ queue `{queue}` already exists with other settings (a changed \
+             dead-letter subject, queue_expires, quorum_queues, or max_attempts on a \
+             quorum queue?): {text}; delete the queue (`rabbitmqctl delete_queue {queue}`) \
+             or keep its old settings"
         ));
     }
     transport(err)
@@ -596,7 +600,7 @@ impl Drop for RabbitSubscription {
             runtime.spawn(async move {
                 // Settled acks first: closing requeues only what is unsettled.
                 let _ = acks.flush().await;
-                let _ = channel.close(200, "subscription closed".into()).await;
+                super::close_channel(channel, "subscription closed").await;
             });
         }
     }
