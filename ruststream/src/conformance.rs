@@ -242,6 +242,7 @@ impl<'h, H: Harness> Suite<'h, H> {
         check!(ack_never_redelivers, true);
         check!(nack_redelivers_with_attempt_plus_one, caps.redelivery);
         check!(retry_after_is_held_no_sooner_or_handed_back, true);
+        check!(a_held_retry_after_a_redelivery_counts_both, caps.redelivery);
         self.check(
             "unsettled_delivery_of_a_dropped_consumer_is_redelivered",
             caps.redelivers_unsettled && caps.queue_groups,
@@ -454,6 +455,33 @@ async fn retry_after_is_held_no_sooner_or_handed_back<B: Broker>(broker: &B, p: 
                     "retry: payload {got:?}, total attempt {attempt}, own subject {same_subject} \
                      (expected \"later\", 2, true)"
                 )
+            })
+        }
+    }
+}
+
+/// Attempts never go down: a retry the broker holds after a `nack` comes
+/// back as the third attempt.
+async fn a_held_retry_after_a_redelivery_counts_both<B: Broker>(broker: &B, p: &str) -> Outcome {
+    let subject = format!("{p}.retry2");
+    let mut sub = subscribe(
+        broker,
+        SubscribeOptions::new(subject.as_str()).queue_group("w"),
+    )
+    .await?;
+    publish(broker, &subject, "again").await?;
+    let first = next(&mut sub, "the first delivery").await?;
+    first.nack().await.map_err(failed("nack"))?;
+    let second = next(&mut sub, "the redelivery").await?;
+    match second.retry_after(Duration::from_millis(10)).await {
+        RetryAfter::NotHeld(second) => second.ack().await.map_err(failed("ack")),
+        RetryAfter::Held(Err(err)) => Err(format!("retry_after: {err}")),
+        RetryAfter::Held(Ok(())) => {
+            let third = next(&mut sub, "the held retry").await?;
+            let attempt = third.envelope().total_attempt();
+            third.ack().await.map_err(failed("ack"))?;
+            ensure(attempt == 3, || {
+                format!("the retry after a redelivery has total attempt {attempt} (expected 3)")
             })
         }
     }
