@@ -82,10 +82,15 @@ macro_rules! invoke {
                 // The common case, settled right here: a plain ack, nothing
                 // to reply, nothing to start after it.
                 ($crate::pipeline::Outcome::Ack(None), None) if !unit.app.has_after_ack() => {
-                    let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
-                    match $crate::pipeline::or_abort(ack, aborted).await {
-                        Some(acked) => unit.settled(acked),
-                        None => unit.aborted(),
+                    match $crate::Delivery::try_ack(delivery) {
+                        Ok(acked) => unit.settled(acked),
+                        Err(delivery) => {
+                            let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
+                            match $crate::pipeline::or_abort(ack, aborted).await {
+                                Some(acked) => unit.settled(acked),
+                                None => unit.aborted(),
+                            }
+                        }
                     }
                 }
                 (outcome, follow_ups) => {

@@ -5,7 +5,7 @@
 use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Poll, ready};
 
 use super::stop::Stop;
 use crate::binding::{Broker, Subscription};
@@ -18,6 +18,8 @@ macro_rules! next {
         let stop: &Stop = $stop;
         if stop.is_stopped() {
             None
+        } else if let Some(delivery) = at_hand($subscription).await {
+            Some(delivery)
         } else {
             // By hand rather than `select!`: the subscription first, and the
             // stop signal (not even started, so not registered, until then)
@@ -33,6 +35,23 @@ macro_rules! next {
             .await
         }
     }};
+}
+
+/// The delivery the binding has at hand, if any, without waiting
+/// ([`Subscription::try_next`]), within the task's cooperative budget: a
+/// loop with a backlog still lets the other tasks of its runtime run.
+#[inline]
+pub(crate) fn at_hand<S: Subscription>(
+    subscription: &mut S,
+) -> impl Future<Output = Option<S::Delivery>> + '_ {
+    poll_fn(|cx| {
+        let budget = ready!(tokio::task::coop::poll_proceed(cx));
+        let delivery = subscription.try_next();
+        if delivery.is_some() {
+            budget.made_progress();
+        }
+        Poll::Ready(delivery)
+    })
 }
 
 /// Runs until `stop` or the end of the subscription. A delivery taken before

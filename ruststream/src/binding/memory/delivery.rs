@@ -33,30 +33,48 @@ impl Subscription for MemorySubscription {
     }
 
     async fn next(&mut self) -> Option<MemoryDelivery> {
-        if self.conn.is_closed() {
-            return None;
-        }
         // Cooperative budget: a consumer with a backlog still lets the other
         // tasks of its runtime run. Then the frame at hand, if any; the wait
         // (with its notifications) only when the queue is empty.
         let taken = poll_fn(|cx| {
             let budget = ready!(tokio::task::coop::poll_proceed(cx));
             budget.made_progress();
-            Poll::Ready(self.queue.try_pop())
+            Poll::Ready(self.at_hand())
         })
         .await;
         let env = match taken {
             Some(taken) => taken?,
             None => self.queue.wait_pop(&self.conn).await?,
         };
-        Some(MemoryDelivery {
-            env: Some(env),
-            queue: Arc::clone(&self.queue),
-        })
+        Some(self.delivery(env))
+    }
+
+    fn try_next(&mut self) -> Option<MemoryDelivery> {
+        let env = self.at_hand()??;
+        Some(self.delivery(env))
     }
 }
 
 impl MemorySubscription {
+    /// `Some(Some(frame))`; `Some(None)` once the subscription ended (its
+    /// connection closed, or its queue closed and drained); `None` when the
+    /// queue is empty.
+    #[inline]
+    fn at_hand(&self) -> Option<Option<Envelope>> {
+        if self.conn.is_closed() {
+            return Some(None);
+        }
+        self.queue.try_pop()
+    }
+
+    #[inline]
+    fn delivery(&self, env: Envelope) -> MemoryDelivery {
+        MemoryDelivery {
+            env: Some(env),
+            queue: Arc::clone(&self.queue),
+        }
+    }
+
     /// A requester whose replies come back through this subscription's own
     /// receive FIFO: the single-lane request/reply mode (ClientServer
     /// DEALER-ROUTER in the spec). Data queued before a reply is received
@@ -171,6 +189,11 @@ impl Delivery for MemoryDelivery {
     async fn ack(mut self) -> Result<()> {
         self.take();
         Ok(())
+    }
+
+    fn try_ack(mut self) -> std::result::Result<Result<()>, Self> {
+        self.take();
+        Ok(Ok(()))
     }
 
     async fn nack(mut self) -> Result<()> {
