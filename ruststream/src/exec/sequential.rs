@@ -21,19 +21,26 @@ macro_rules! next {
         } else if let Some(delivery) = at_hand($subscription).await {
             Some(delivery)
         } else {
-            // By hand rather than `select!`: the subscription first, and the
-            // stop signal (not even started, so not registered, until then)
-            // only while the subscription is pending.
-            let mut delivery = pin!(Subscription::next($subscription));
-            let mut stopped = pin!(stop.wait());
-            poll_fn(|cx| {
-                if let Poll::Ready(delivery) = delivery.as_mut().poll(cx) {
-                    return Poll::Ready(delivery);
-                }
-                stopped.as_mut().poll(cx).map(|()| None)
-            })
-            .await
+            wait_next!($subscription, stop)
         }
+    }};
+}
+
+/// The waiting half of [`next`]: [`Subscription::next`] unless `stop` comes
+/// first. By hand rather than `select!`: the subscription first, and the
+/// stop signal (not even started, so not registered, until then) only while
+/// the subscription is pending.
+macro_rules! wait_next {
+    ($subscription:expr, $stop:expr) => {{
+        let mut delivery = pin!(Subscription::next($subscription));
+        let mut stopped = pin!($stop.wait());
+        poll_fn(|cx| {
+            if let Poll::Ready(delivery) = delivery.as_mut().poll(cx) {
+                return Poll::Ready(delivery);
+            }
+            stopped.as_mut().poll(cx).map(|()| None)
+        })
+        .await
     }};
 }
 
@@ -91,4 +98,13 @@ pub(crate) async fn next<S: Subscription>(
     stop: &Stop,
 ) -> Option<S::Delivery> {
     next!(subscription, stop)
+}
+
+/// [`next`] after [`at_hand`] found nothing: waits for the next delivery
+/// unless `stop` comes first.
+pub(crate) async fn wait_next<S: Subscription>(
+    subscription: &mut S,
+    stop: &Stop,
+) -> Option<S::Delivery> {
+    wait_next!(subscription, stop)
 }

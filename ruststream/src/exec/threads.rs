@@ -10,7 +10,7 @@
 //! until every ring has a free slot before taking a delivery, keeping the
 //! same bound.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
@@ -18,12 +18,12 @@ use std::task::{Poll, Waker};
 use tokio::sync::oneshot;
 
 use super::ring::Ring;
-use super::sequential::next;
+use super::sequential::wait_next;
 use super::slot;
 use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
 use crate::ingress::JobPermit;
-use crate::pipeline::Unit;
+use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::Subscriber;
 
 /// What a thread is handed: a raw delivery, or one the feeder already decoded
@@ -49,30 +49,31 @@ impl<T> Rings<T> {
         self.feeder.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A ring with a free slot (round robin from `cursor`), or — with `all` —
-    /// the moment every ring has one.
-    async fn wait_space(&self, all: bool, cursor: &mut usize) -> usize {
+    /// A ring with a free slot now (round robin from `cursor`), or — with
+    /// `all` — whether every ring has one.
+    fn find_space(&self, all: bool, cursor: &mut usize) -> Option<usize> {
+        if all {
+            return self.rings.iter().all(Ring::has_space).then_some(0);
+        }
         let n = self.rings.len();
-        let mut find = || {
-            if all {
-                self.rings.iter().all(Ring::has_space).then_some(0)
-            } else {
-                let i = (0..n)
-                    .map(|k| (*cursor + k) % n)
-                    .find(|&i| self.rings[i].has_space())?;
-                *cursor = (i + 1) % n;
-                Some(i)
-            }
-        };
+        let i = (0..n)
+            .map(|k| (*cursor + k) % n)
+            .find(|&i| self.rings[i].has_space())?;
+        *cursor = (i + 1) % n;
+        Some(i)
+    }
+
+    /// Waits for [`find_space`](Self::find_space).
+    async fn wait_space(&self, all: bool, cursor: &mut usize) -> usize {
         poll_fn(|cx| {
-            if let Some(i) = find() {
+            if let Some(i) = self.find_space(all, cursor) {
                 return Poll::Ready(i);
             }
             // Register, then look again: a ring that lost its full state in
             // between is seen now, one that loses it later wakes us (its
             // thread takes this lock after its pop).
             *self.feeder() = Some(cx.waker().clone());
-            match find() {
+            match self.find_space(all, cursor) {
                 Some(i) => {
                     *self.feeder() = None;
                     Poll::Ready(i)
@@ -130,31 +131,67 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
 
     let jobs = Arc::clone(unit.app.jobs());
     let closer = CloseOnDrop(&rings.rings);
+    // Threads that wait for the items pushed since the feeder last waited:
+    // woken together right before the feeder waits (or ends), one wake-up
+    // per batch rather than per delivery.
+    let mut wakes = Wakes(Vec::with_capacity(n));
     let mut cursor = 0;
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
     loop {
-        let target = tokio::select! {
-            biased;
-            target = rings.wait_space(by_key, &mut cursor) => target,
-            () = &mut stopped => break,
+        let target = match rings.find_space(by_key, &mut cursor) {
+            Some(target) => target,
+            None => {
+                wakes.flush();
+                tokio::select! {
+                    biased;
+                    target = rings.wait_space(by_key, &mut cursor) => target,
+                    () = &mut stopped => break,
+                }
+            }
         };
-        let Some(permit) = super::permit(&jobs, &stop).await else {
+        let permit = match jobs.try_acquire() {
+            Some(permit) => permit,
+            None => {
+                wakes.flush();
+                let Some(permit) = super::permit(&jobs, &stop).await else {
+                    break;
+                };
+                permit
+            }
+        };
+        if stop.is_stopped() {
             break;
+        }
+        let delivery = match at_hand(&mut subscription, &mut wakes).await {
+            Some(delivery) => delivery,
+            None => {
+                wakes.flush();
+                let Some(delivery) = wait_next(&mut subscription, &stop).await else {
+                    break;
+                };
+                delivery
+            }
         };
-        let Some(delivery) = next(&mut subscription, &stop).await else {
-            break;
-        };
-        if by_key {
-            let Some((delivery, body)) = unit.prepare(delivery).await else {
-                continue;
+        let (ring, job) = if by_key {
+            let body = match unit.check(&delivery) {
+                Checked::Body(body) => body,
+                Checked::Early(early) => {
+                    wakes.flush();
+                    Box::pin(unit.settle_early(delivery, early)).await;
+                    continue;
+                }
             };
             let key = unit.subscriber.key(&body, delivery.envelope());
-            rings.rings[slot(key, n)].push(Job::Decoded(delivery, body, permit));
+            (slot(key, n), Job::Decoded(delivery, body, permit))
         } else {
-            rings.rings[target].push(Job::Raw(delivery, permit));
+            (target, Job::Raw(delivery, permit))
+        };
+        if let Some(waker) = rings.rings[ring].push(job) {
+            wakes.0.push(waker);
         }
     }
+    drop(wakes);
     // Threads drain their rings (deliveries in hand are processed and
     // settled), then end.
     drop(closer);
@@ -171,19 +208,59 @@ async fn thread_loop<B: Broker, S: Subscriber>(
     let ring = &rings.rings[index];
     while let Some(job) = ring.pop(|| rings.freed()).await {
         // JQ-4 step 5: the permit returns right before the handler (or after
-        // a malformed record's bounded processing).
-        match job {
-            Job::Raw(delivery, permit) => {
-                if let Some((delivery, body)) = unit.prepare(delivery).await {
+        // a malformed record's bounded processing). Each delivery runs inside
+        // this loop's own future (`invoke!`), never in a future moved into it.
+        let (delivery, body, permit) = match job {
+            Job::Raw(delivery, permit) => match unit.check(&delivery) {
+                Checked::Body(body) => (delivery, body, permit),
+                Checked::Early(early) => {
+                    Box::pin(unit.settle_early(delivery, early)).await;
                     drop(permit);
-                    unit.invoke_local(delivery, body).await;
+                    continue;
                 }
-            }
-            Job::Decoded(delivery, body, permit) => {
-                drop(permit);
-                unit.invoke_local(delivery, body).await;
-            }
+            },
+            Job::Decoded(delivery, body, permit) => (delivery, body, permit),
+        };
+        drop(permit);
+        invoke!(unit, delivery, handle(body));
+    }
+}
+
+/// The feeder's own take of [`sequential::at_hand`](super::sequential::at_hand):
+/// when the cooperative budget makes it yield, the threads it owes a wake-up
+/// are woken first.
+fn at_hand<'a, S: Subscription>(
+    subscription: &'a mut S,
+    wakes: &'a mut Wakes,
+) -> impl Future<Output = Option<S::Delivery>> + 'a {
+    poll_fn(move |cx| {
+        let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
+            wakes.flush();
+            return Poll::Pending;
+        };
+        let delivery = subscription.try_next();
+        if delivery.is_some() {
+            budget.made_progress();
         }
+        Poll::Ready(delivery)
+    })
+}
+
+/// Wakers of threads with new items, woken by [`flush`](Self::flush) or
+/// when the feeder ends however it ends.
+struct Wakes(Vec<Waker>);
+
+impl Wakes {
+    fn flush(&mut self) {
+        for waker in self.0.drain(..) {
+            waker.wake();
+        }
+    }
+}
+
+impl Drop for Wakes {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 

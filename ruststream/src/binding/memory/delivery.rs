@@ -33,19 +33,19 @@ impl Subscription for MemorySubscription {
     }
 
     async fn next(&mut self) -> Option<MemoryDelivery> {
+        if self.conn.is_closed() {
+            return None;
+        }
         // Cooperative budget: a consumer with a backlog still lets the other
-        // tasks of its runtime run. Then the frame at hand, if any; the wait
-        // (with its notifications) only when the queue is empty.
-        let taken = poll_fn(|cx| {
-            let budget = ready!(tokio::task::coop::poll_proceed(cx));
-            budget.made_progress();
-            Poll::Ready(self.at_hand())
+        // tasks of its runtime run. The runtime's loops looked for a frame at
+        // hand already (`try_next`), so this goes straight to the wait, which
+        // looks again once it is registered for a notification.
+        poll_fn(|cx| {
+            ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+            Poll::Ready(())
         })
         .await;
-        let env = match taken {
-            Some(taken) => taken?,
-            None => self.queue.wait_pop(&self.conn).await?,
-        };
+        let env = self.queue.wait_pop(&self.conn).await?;
         Some(self.delivery(env))
     }
 
