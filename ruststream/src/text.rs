@@ -43,6 +43,48 @@ impl Text {
     pub fn as_bytes(&self) -> &Bytes {
         &self.0
     }
+
+    /// Formats a short text into one allocation that its clones share.
+    /// (`Text::from(String)` allocates again on its first clone, when `Bytes`
+    /// turns its buffer into a shared one.) Longer text takes the ordinary
+    /// way.
+    pub(crate) fn format_shared(args: fmt::Arguments<'_>) -> Text {
+        let mut inline = Inline {
+            len: 0,
+            buf: [0; INLINE],
+        };
+        if fmt::write(&mut inline, args).is_ok() {
+            // Whole `str` pieces only (a piece that does not fit fails the
+            // write): valid UTF-8.
+            return Text(Bytes::from_owner(inline));
+        }
+        Text::from(fmt::format(args))
+    }
+}
+
+/// Bytes [`Text::format_shared`] holds inline.
+const INLINE: usize = 96;
+
+/// A short formatted text, owned by the `Bytes` that shares it.
+struct Inline {
+    len: usize,
+    buf: [u8; INLINE],
+}
+
+impl AsRef<[u8]> for Inline {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl fmt::Write for Inline {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        let to = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+        to.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 // Hash as `str` does, so `HashMap<Text, _>` can be queried with `&str`

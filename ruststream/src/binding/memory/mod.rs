@@ -34,6 +34,7 @@
 //! ```
 
 mod delivery;
+mod inbox;
 mod queue;
 mod registry;
 mod shared;
@@ -47,11 +48,11 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 pub use delivery::{LaneRequester, MemoryDelivery, MemorySubscription};
 
+use self::inbox::Inbox;
 use self::queue::{MemberFlow, Queue, Refused};
 pub use self::queue::{QueueStats, ROUND_RECORDS, ReceiveRound};
 use self::registry::{Registry, Targets};
@@ -115,8 +116,7 @@ pub(crate) struct Inner {
     round: ReceiveRound,
     publish_timeout: Duration,
     inbox_prefix: String,
-    next_inbox: AtomicU64,
-    inbox: Mutex<HashMap<u64, oneshot::Sender<Envelope>>>,
+    inbox: Inbox,
     /// Single-lane reply queues by queue id (see [`MemorySubscription::requester`]).
     reply_lanes: Mutex<HashMap<u64, std::sync::Weak<Queue>>>,
     next_queue: AtomicU64,
@@ -196,8 +196,7 @@ impl MemoryBrokerBuilder {
                 round: self.round,
                 publish_timeout: self.publish_timeout,
                 inbox_prefix: format!("_INBOX.{id}."),
-                next_inbox: AtomicU64::new(1),
-                inbox: Mutex::new(HashMap::new()),
+                inbox: Inbox::default(),
                 reply_lanes: Mutex::new(HashMap::new()),
                 next_queue: AtomicU64::new(1),
             }),
@@ -370,20 +369,12 @@ impl Inner {
     /// Completion supply (JQ-6): a reply goes straight to its waiting caller.
     /// A reply for a request that already ended is dropped: first terminal wins.
     fn complete(&self, id: &str, subject: &str, message: Message) {
-        let waiter = id.parse::<u64>().ok().and_then(|id| {
-            self.inbox
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id)
-        });
-        match waiter {
-            Some(tx) => {
-                let _ = tx.send(Envelope::new(Text::from(subject), message));
-            }
-            None => {
-                crate::metrics::late_reply("memory");
-                tracing::debug!(subject, "late or unknown reply dropped");
-            }
+        let completed = id
+            .parse::<u64>()
+            .is_ok_and(|id| self.inbox.complete(id, message));
+        if !completed {
+            crate::metrics::late_reply("memory");
+            tracing::debug!(subject, "late or unknown reply dropped");
         }
     }
 }
@@ -739,7 +730,7 @@ impl Broker for MemoryBroker {
     }
 }
 
-/// Removes a request's inbox entry however the request ends.
+/// Releases a request's inbox slot however the request ends.
 struct InboxGuard<'a> {
     inner: &'a Inner,
     id: u64,
@@ -747,11 +738,16 @@ struct InboxGuard<'a> {
 
 impl Drop for InboxGuard<'_> {
     fn drop(&mut self) {
-        self.inner
-            .inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
+        self.inner.inbox.close(self.id);
+    }
+}
+
+/// `{prefix}{id}`, or `{prefix}L{queue}.{id}` for a single-lane reply: one
+/// allocation, shared by the request and the inbox slot.
+fn inbox_subject(prefix: &str, lane: Option<u64>, id: u64) -> Text {
+    match lane {
+        None => Text::format_shared(format_args!("{prefix}{id}")),
+        Some(queue) => Text::format_shared(format_args!("{prefix}L{queue}.{id}")),
     }
 }
 
@@ -782,18 +778,10 @@ impl MemoryBroker {
             return Err(Error::NoResponders(subject.to_owned()));
         }
         let deadline = Instant::now() + timeout;
-        let id = inner.next_inbox.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        inner
+        let (id, reply_to) = inner
             .inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, tx);
+            .open(|id| inbox_subject(&inner.inbox_prefix, lane, id));
         let _guard = InboxGuard { inner, id };
-        let reply_to = match lane {
-            None => format!("{}{id}", inner.inbox_prefix),
-            Some(queue) => format!("{}L{queue}.{id}", inner.inbox_prefix),
-        };
         inner
             .publish(
                 Some(&self.conn),
@@ -802,11 +790,10 @@ impl MemoryBroker {
                 Deadline::At(deadline),
             )
             .await?;
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(_)) => Err(Error::Closed("memory broker closed before the reply")),
-            Err(_) => Err(Error::Timeout(timeout)),
-        }
+        let reply = std::future::poll_fn(|cx| inner.inbox.poll_reply(id, cx));
+        tokio::time::timeout_at(deadline, reply)
+            .await
+            .map_err(|_| Error::Timeout(timeout))
     }
 }
 
