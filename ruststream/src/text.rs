@@ -44,25 +44,71 @@ impl Text {
         &self.0
     }
 
-    /// Formats a short text into one allocation that its clones share.
-    /// (`Text::from(String)` allocates again on its first clone, when `Bytes`
-    /// turns its buffer into a shared one.) Longer text takes the ordinary
-    /// way.
-    pub(crate) fn format_shared(args: fmt::Arguments<'_>) -> Text {
+    /// The concatenation of `parts`, short, in one allocation that its
+    /// clones share. (`Text::from(String)` allocates again on its first
+    /// clone, when `Bytes` turns its buffer into a shared one.) Longer text
+    /// takes the ordinary way.
+    pub(crate) fn concat_shared(parts: &[Part<'_>]) -> Text {
         let mut inline = Inline {
             len: 0,
             buf: [0; INLINE],
         };
-        if fmt::write(&mut inline, args).is_ok() {
-            // Whole `str` pieces only (a piece that does not fit fails the
-            // write): valid UTF-8.
-            return Text(Bytes::from_owner(inline));
+        for part in parts {
+            let mut digits = [0; 20];
+            let bytes = match part {
+                Part::Str(s) => s.as_bytes(),
+                Part::Decimal(n) => decimal(*n, &mut digits),
+            };
+            let end = inline.len + bytes.len();
+            let Some(to) = inline.buf.get_mut(inline.len..end) else {
+                return Text::from(Part::concat(parts));
+            };
+            to.copy_from_slice(bytes);
+            inline.len = end;
         }
-        Text::from(fmt::format(args))
+        // Whole `str`s and ASCII digits: valid UTF-8.
+        Text(Bytes::from_owner(inline))
     }
 }
 
-/// Bytes [`Text::format_shared`] holds inline.
+/// A piece of [`Text::concat_shared`].
+#[derive(Clone, Copy)]
+pub(crate) enum Part<'a> {
+    Str(&'a str),
+    /// A number, in decimal.
+    Decimal(u64),
+}
+
+impl Part<'_> {
+    fn concat(parts: &[Part<'_>]) -> String {
+        use std::fmt::Write;
+        let mut text = String::new();
+        for part in parts {
+            // Writing into a `String` cannot fail.
+            let _ = match part {
+                Part::Str(s) => text.write_str(s),
+                Part::Decimal(n) => write!(text, "{n}"),
+            };
+        }
+        text
+    }
+}
+
+/// `n`'s decimal digits, written at the end of `buf` (without `fmt`'s
+/// machinery, which costs more than the digits on a per-request path).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// Bytes [`Text::concat_shared`] holds inline.
 const INLINE: usize = 96;
 
 /// A short formatted text, owned by the `Bytes` that shares it.
@@ -74,16 +120,6 @@ struct Inline {
 impl AsRef<[u8]> for Inline {
     fn as_ref(&self) -> &[u8] {
         &self.buf[..self.len]
-    }
-}
-
-impl fmt::Write for Inline {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
-        let to = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
-        to.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
     }
 }
 

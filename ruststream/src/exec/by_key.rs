@@ -71,7 +71,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         let Some(permit) = super::permit(&jobs, &stop).await else {
             break;
         };
-        let Some(delivery) = next(&mut subscription, &stop).await else {
+        let Some(delivery) = next(&mut subscription, &stop, stopped.as_mut()).await else {
             break;
         };
         let body = match unit.check(&delivery) {

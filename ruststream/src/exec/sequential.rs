@@ -3,7 +3,7 @@
 //! flight and backpressure is simply not polling.
 
 use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Poll, ready};
 
@@ -14,33 +14,15 @@ use crate::subscriber::SendSubscriber;
 
 /// The body of [`next`], for loops that take deliveries inline.
 macro_rules! next {
-    ($subscription:expr, $stop:expr) => {{
+    ($subscription:expr, $stop:expr, $stopped:expr) => {{
         let stop: &Stop = $stop;
         if stop.is_stopped() {
             None
         } else if let Some(delivery) = at_hand($subscription).await {
             Some(delivery)
         } else {
-            wait_next!($subscription, stop)
+            wait_next($subscription, $stopped).await
         }
-    }};
-}
-
-/// The waiting half of [`next`]: [`Subscription::next`] unless `stop` comes
-/// first. By hand rather than `select!`: the subscription first, and the
-/// stop signal (not even started, so not registered, until then) only while
-/// the subscription is pending.
-macro_rules! wait_next {
-    ($subscription:expr, $stop:expr) => {{
-        let mut delivery = pin!(Subscription::next($subscription));
-        let mut stopped = pin!($stop.wait());
-        poll_fn(|cx| {
-            if let Poll::Ready(delivery) = delivery.as_mut().poll(cx) {
-                return Poll::Ready(delivery);
-            }
-            stopped.as_mut().poll(cx).map(|()| None)
-        })
-        .await
     }};
 }
 
@@ -71,8 +53,10 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     // `next` and `Unit::process`, spelled out so each delivery is taken and
     // runs inside this loop's own future rather than in futures moved into it.
     let jobs = Arc::clone(unit.app.jobs());
+    // One stop waiter for the whole loop: registered once, not per wait.
+    let mut stopped = pin!(stop.wait());
     while let Some(permit) = super::permit(&jobs, &stop).await {
-        let Some(delivery) = next!(&mut subscription, &stop) else {
+        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
             break;
         };
         match unit.check(&delivery) {
@@ -92,19 +76,31 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
 /// The next delivery, or `None` once `stop` was called or the subscription
 /// ended. A delivery already available wins over a stop that races it only
 /// if the stop was not yet visible: checked first, so a stopped loop never
-/// takes another delivery.
+/// takes another delivery. `stopped` is the loop's own `stop.wait()`, pinned
+/// once: it registers on the first wait and stays registered, so a wait
+/// costs no registration of its own. After `None` the loop ends (a finished
+/// `stopped` must not be polled again).
 pub(crate) async fn next<S: Subscription>(
     subscription: &mut S,
     stop: &Stop,
+    stopped: Pin<&mut impl Future<Output = ()>>,
 ) -> Option<S::Delivery> {
-    next!(subscription, stop)
+    next!(subscription, stop, stopped)
 }
 
-/// [`next`] after [`at_hand`] found nothing: waits for the next delivery
-/// unless `stop` comes first.
+/// [`next`] after [`at_hand`] found nothing: [`Subscription::next`] unless
+/// `stopped` comes first. By hand rather than `select!`: the subscription
+/// first, and the stop signal only while the subscription is pending.
 pub(crate) async fn wait_next<S: Subscription>(
     subscription: &mut S,
-    stop: &Stop,
+    mut stopped: Pin<&mut impl Future<Output = ()>>,
 ) -> Option<S::Delivery> {
-    wait_next!(subscription, stop)
+    let mut delivery = pin!(Subscription::next(subscription));
+    poll_fn(|cx| {
+        if let Poll::Ready(delivery) = delivery.as_mut().poll(cx) {
+            return Poll::Ready(delivery);
+        }
+        stopped.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }

@@ -167,7 +167,7 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
             Some(delivery) => delivery,
             None => {
                 wakes.flush();
-                let Some(delivery) = wait_next(&mut subscription, &stop).await else {
+                let Some(delivery) = wait_next(&mut subscription, stopped.as_mut()).await else {
                     break;
                 };
                 delivery

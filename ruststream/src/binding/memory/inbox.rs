@@ -7,7 +7,27 @@
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use crate::text::Part;
 use crate::{Envelope, Message, Text};
+
+/// How id `id` reads in a reply subject: `{slot}-{generation}`, two short
+/// numbers (the id itself, generation << 32 | slot, runs to 13 digits and
+/// more once a slot is reused).
+pub(crate) fn id_parts(id: u64) -> [Part<'static>; 3] {
+    [
+        Part::Decimal(id & u64::from(u32::MAX)),
+        Part::Str("-"),
+        Part::Decimal(id >> 32),
+    ]
+}
+
+/// The id [`id_parts`] wrote.
+pub(crate) fn parse_id(text: &str) -> Option<u64> {
+    let (slot, generation) = text.split_once('-')?;
+    let slot: u32 = slot.parse().ok()?;
+    let generation: u32 = generation.parse().ok()?;
+    Some(u64::from(generation) << 32 | u64::from(slot))
+}
 
 #[derive(Default)]
 pub(crate) struct Inbox {
@@ -121,11 +141,11 @@ impl Inbox {
 mod tests {
     use std::task::{Context, Poll, Waker};
 
-    use super::Inbox;
+    use super::{Inbox, parse_id};
     use crate::{Message, Text};
 
     fn subject(id: u64) -> Text {
-        Text::format_shared(format_args!("_INBOX.1.{id}"))
+        Text::from(format!("_INBOX.1.{id}"))
     }
 
     #[test]
@@ -149,5 +169,15 @@ mod tests {
         assert_eq!(reply.subject(), &reply_to);
         inbox.close(new);
         assert!(!inbox.complete(new, Message::new("late")));
+    }
+
+    #[test]
+    fn ids_read_back_from_their_subject_text() {
+        for id in [0, 7, 1 << 32, (41 << 32) | 12, u64::MAX] {
+            let text = Text::concat_shared(&super::id_parts(id));
+            assert_eq!(parse_id(&text), Some(id), "{text}");
+        }
+        assert_eq!(parse_id("12"), None);
+        assert_eq!(parse_id("x-1"), None);
     }
 }

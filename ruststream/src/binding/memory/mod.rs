@@ -58,6 +58,7 @@ pub use self::queue::{QueueStats, ROUND_RECORDS, ReceiveRound};
 use self::registry::{Registry, Targets};
 use self::shared::BrokerShared;
 use crate::binding::{Broker, Requester, SubscribeOptions};
+use crate::text::Part;
 use crate::{CoreHwm, Envelope, Error, Message, Result, Text};
 
 static NEXT_BROKER_ID: AtomicU64 = AtomicU64::new(1);
@@ -78,7 +79,6 @@ pub(crate) struct Connection {
     /// The peer id its publishes are accounted under (JQ-24 item 9).
     id: u64,
     closed: AtomicBool,
-    on_close: tokio::sync::Notify,
 }
 
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
@@ -88,24 +88,11 @@ impl Connection {
         Arc::new(Connection {
             id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
             closed: AtomicBool::new(false),
-            on_close: tokio::sync::Notify::new(),
         })
     }
 
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
-    }
-
-    /// Resolves once the connection is closed.
-    pub(crate) async fn closed(&self) {
-        loop {
-            let mut notified = std::pin::pin!(self.on_close.notified());
-            notified.as_mut().enable();
-            if self.is_closed() {
-                return;
-            }
-            notified.await;
-        }
     }
 }
 
@@ -305,6 +292,7 @@ impl Inner {
     ) -> Publish<'a, 's> {
         Publish {
             inner: self,
+            request: false,
             state: PublishState::Start {
                 peer: conn.map_or(0, |conn| conn.id),
                 conn,
@@ -318,7 +306,15 @@ impl Inner {
     /// Routes and admits `message` without waiting: `Stalled::Full` at the
     /// first target queue that has no room (the ones before it keep the
     /// frame, as with a waiting publish).
-    fn publish_now(&self, peer: u64, subject: &str, message: Message) -> Result<(), Stalled> {
+    /// `request`: a subject with no subscribers fails with `NoResponders`
+    /// rather than dropping the message.
+    fn publish_now(
+        &self,
+        peer: u64,
+        subject: &str,
+        message: Message,
+        request: bool,
+    ) -> Result<(), Stalled> {
         let registry = self.registry_read();
         let targets = match registry.exact(subject) {
             Ok(Some(route)) => {
@@ -331,6 +327,9 @@ impl Inner {
         };
         drop(registry);
         let Some(targets) = targets else {
+            if request {
+                return Err(Stalled::Failed(Error::NoResponders(subject.to_owned())));
+            }
             tracing::trace!(subject, "no subscribers; message dropped");
             return Ok(());
         };
@@ -369,9 +368,7 @@ impl Inner {
     /// Completion supply (JQ-6): a reply goes straight to its waiting caller.
     /// A reply for a request that already ended is dropped: first terminal wins.
     fn complete(&self, id: &str, subject: &str, message: Message) {
-        let completed = id
-            .parse::<u64>()
-            .is_ok_and(|id| self.inbox.complete(id, message));
+        let completed = inbox::parse_id(id).is_some_and(|id| self.inbox.complete(id, message));
         if !completed {
             crate::metrics::late_reply("memory");
             tracing::debug!(subject, "late or unknown reply dropped");
@@ -403,7 +400,19 @@ impl Deadline {
 /// poll rather than nested `async` state.
 pub(crate) struct Publish<'a, 's> {
     inner: &'a Inner,
+    /// A request: no subscribers is `NoResponders`, and an inbox subject is
+    /// no reply.
+    request: bool,
     state: PublishState<'a, 's>,
+}
+
+impl Publish<'_, '_> {
+    /// Makes this the publish of a request (see [`Publish::request`]): the
+    /// route lookup that admits it also finds whether anyone responds.
+    fn request(mut self) -> Self {
+        self.request = true;
+        self
+    }
 }
 
 enum PublishState<'a, 's> {
@@ -444,6 +453,7 @@ impl Future for Publish<'_, '_> {
                 // Inbox subjects start with `_`: one byte compare on every
                 // publish, the whole prefix only for candidates.
                 if subject.as_bytes().first() == Some(&b'_')
+                    && !this.request
                     && subject.starts_with(inner.inbox_prefix.as_str())
                 {
                     let PublishState::Start {
@@ -494,7 +504,7 @@ impl Future for Publish<'_, '_> {
                     else {
                         unreachable!("in the start state")
                     };
-                    match inner.publish_now(peer, subject, message) {
+                    match inner.publish_now(peer, subject, message, this.request) {
                         Ok(()) => return Poll::Ready(Ok(())),
                         Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
                         Err(Stalled::Full(waiting)) => {
@@ -724,7 +734,11 @@ impl Broker for MemoryBroker {
     /// `Closed`. Other connections to the same server are not affected.
     async fn close(&self) -> Result<()> {
         if !self.conn.closed.swap(true, Ordering::AcqRel) {
-            self.conn.on_close.notify_waiters();
+            // Consumers wait on their queue alone: wake them all to look at
+            // their connection (other connections' go back to waiting).
+            for queue in self.inner.registry_read().queues() {
+                queue.wake_readers();
+            }
         }
         Ok(())
     }
@@ -745,9 +759,18 @@ impl Drop for InboxGuard<'_> {
 /// `{prefix}{id}`, or `{prefix}L{queue}.{id}` for a single-lane reply: one
 /// allocation, shared by the request and the inbox slot.
 fn inbox_subject(prefix: &str, lane: Option<u64>, id: u64) -> Text {
+    let [slot, dash, generation] = inbox::id_parts(id);
     match lane {
-        None => Text::format_shared(format_args!("{prefix}{id}")),
-        Some(queue) => Text::format_shared(format_args!("{prefix}L{queue}.{id}")),
+        None => Text::concat_shared(&[Part::Str(prefix), slot, dash, generation]),
+        Some(queue) => Text::concat_shared(&[
+            Part::Str(prefix),
+            Part::Str("L"),
+            Part::Decimal(queue),
+            Part::Str("."),
+            slot,
+            dash,
+            generation,
+        ]),
     }
 }
 
@@ -774,9 +797,6 @@ impl MemoryBroker {
     ) -> Result<Envelope> {
         let inner = &*self.inner;
         self.ensure_open()?;
-        if inner.registry_read().targets(subject).is_none() {
-            return Err(Error::NoResponders(subject.to_owned()));
-        }
         let deadline = Instant::now() + timeout;
         let (id, reply_to) = inner
             .inbox
@@ -789,6 +809,7 @@ impl MemoryBroker {
                 message.with_reply_to(reply_to),
                 Deadline::At(deadline),
             )
+            .request()
             .await?;
         let reply = std::future::poll_fn(|cx| inner.inbox.poll_reply(id, cx));
         tokio::time::timeout_at(deadline, reply)

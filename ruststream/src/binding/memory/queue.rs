@@ -15,11 +15,9 @@
 //!   blockers: resuming lifts only the pause.
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -235,6 +233,11 @@ pub(crate) struct Queue {
     /// Subjects of single-lane replies start with this.
     reply_prefix: Text,
     state: Mutex<State>,
+    /// Frames queued, kept under the lock and read without it, so a consumer
+    /// finds an empty queue without locking it ([`try_pop`](Self::try_pop)
+    /// with `hint`). Only a hint: an empty-looking queue sends the consumer to
+    /// its wait, which looks again under the lock.
+    frames: AtomicUsize,
     /// Consumers wait here; one notification per admitted frame.
     readable: Notify,
     /// `CoreHwmBudgetBytes` for each peer's lane.
@@ -297,6 +300,7 @@ impl Queue {
                 closed: false,
                 paused_members: 0,
             }),
+            frames: AtomicUsize::new(0),
             readable: Notify::new(),
             budget,
             round,
@@ -352,6 +356,7 @@ impl Queue {
         }
         lane.bytes += len;
         lane.items.push_back(env);
+        self.frames.fetch_add(1, Ordering::Relaxed);
         drop(state);
         self.readable.notify_one();
         Ok(())
@@ -444,6 +449,7 @@ impl Queue {
         let lane = &mut state.lanes[cursor];
         lane.bytes += len;
         lane.items.push_front(env);
+        self.frames.fetch_add(1, Ordering::Relaxed);
         drop(state);
         self.readable.notify_one();
         true
@@ -451,27 +457,31 @@ impl Queue {
 
     /// Waits for a frame after [`try_pop`](Self::try_pop) found the queue
     /// empty: `None` once closed and drained, or once `conn` closes while
-    /// waiting. The frame is polled first, then the connection: a frame
-    /// already signalled wins over a close that races it.
+    /// waiting. A frame at hand wins over a close that races it. Only the
+    /// queue's own notification is awaited: a closing connection wakes the
+    /// readers of every queue ([`wake_readers`](Self::wake_readers)).
     pub(crate) async fn wait_pop(&self, conn: &Connection) -> Option<Envelope> {
-        let mut closed = pin!(conn.closed());
         loop {
             let mut readable = pin!(self.readable.notified());
             readable.as_mut().enable();
             if let Some(taken) = self.try_pop() {
                 return taken;
             }
-            let woken = poll_fn(|cx| {
-                if readable.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(true);
-                }
-                closed.as_mut().poll(cx).map(|()| false)
-            })
-            .await;
-            if !woken {
+            if conn.is_closed() {
                 return None;
             }
+            readable.await;
+            // Woken, most likely for a frame: take it before registering
+            // again (a miss registers, then looks again).
+            if let Some(taken) = self.try_pop() {
+                return taken;
+            }
         }
+    }
+
+    /// Wakes every consumer waiting on this queue, to look again.
+    pub(crate) fn wake_readers(&self) {
+        self.readable.notify_waiters();
     }
 
     /// `Some(Some(frame))`, `Some(None)` when closed, `None` when empty.
@@ -481,6 +491,7 @@ impl Queue {
             if self.carries_replies.load(Ordering::Relaxed) {
                 // Replies that reached a head with this pop complete now.
                 let (replies, bytes) = state.take_head_replies(&self.reply_prefix);
+                self.frames.fetch_sub(1 + replies.len(), Ordering::Relaxed);
                 drop(state);
                 self.shared.release(len + bytes);
                 for reply in replies {
@@ -488,11 +499,18 @@ impl Queue {
                 }
                 return Some(Some(env));
             }
+            self.frames.fetch_sub(1, Ordering::Relaxed);
             drop(state);
             self.shared.release(len);
             return Some(Some(env));
         }
         state.closed.then_some(None)
+    }
+
+    /// Whether the queue looks empty, without locking it: a consumer that
+    /// sees it empty goes to [`wait_pop`](Self::wait_pop), which looks again.
+    pub(crate) fn looks_empty(&self) -> bool {
+        self.frames.load(Ordering::Relaxed) == 0
     }
 
     pub(crate) fn join(&self) {
@@ -535,6 +553,7 @@ impl Queue {
         state.closed = true;
         let bytes: usize = state.lanes.iter().map(|l| l.bytes).sum();
         state.lanes = vec![Lane::new(0)];
+        self.frames.store(0, Ordering::Relaxed);
         state.cursor = 0;
         drop(state);
         self.shared.release(bytes);
