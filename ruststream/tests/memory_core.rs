@@ -80,6 +80,38 @@ async fn fan_out_gives_every_subscription_every_message_queue_group_shares_them(
     );
 }
 
+#[tokio::test]
+async fn publishes_follow_subscriptions_as_they_come_and_go() {
+    // One thread publishing to one subject: the route it resolved is reused
+    // until the subscriptions change, and never after.
+    let broker = MemoryBroker::new();
+    let publish = || broker.publish_message("routes", Message::new("m"), None);
+    publish().await.unwrap();
+    let mut first = broker
+        .subscribe(SubscribeOptions::new("routes"))
+        .await
+        .unwrap();
+    publish().await.unwrap();
+    let mut second = broker
+        .subscribe(SubscribeOptions::new("routes"))
+        .await
+        .unwrap();
+    publish().await.unwrap();
+    for _ in 0..2 {
+        first.next().await.unwrap().ack().await.unwrap();
+    }
+    second.next().await.unwrap().ack().await.unwrap();
+    assert_eq!(broker.queued_bytes(), 0, "first got 2, second 1");
+    drop(first);
+    // The route that held `first` is gone: no error, `second` still gets it.
+    publish().await.unwrap();
+    assert_eq!(broker.queued_bytes(), frame(1));
+    second.next().await.unwrap().ack().await.unwrap();
+    drop(second);
+    publish().await.unwrap();
+    assert_eq!(broker.queued_bytes(), 0, "no queue left to hold it");
+}
+
 #[tokio::test(start_paused = true)]
 async fn jq24_18_full_hwm_pushes_backpressure_to_the_sender_and_drops_nothing() {
     // Two frames fit the budget, the third does not.

@@ -37,6 +37,7 @@ mod delivery;
 mod inbox;
 mod queue;
 mod registry;
+mod route_cache;
 mod shared;
 mod subject;
 
@@ -97,8 +98,13 @@ impl Connection {
 }
 
 pub(crate) struct Inner {
+    /// Unique per broker, for the per-thread route cache.
+    id: u64,
     shared: Arc<BrokerShared>,
     registry: RwLock<Registry>,
+    /// Bumped by every registry change, under its write lock: cached routes
+    /// from an older generation are stale ([`route_cache`]).
+    generation: AtomicU64,
     budget: usize,
     round: ReceiveRound,
     publish_timeout: Duration,
@@ -174,6 +180,8 @@ impl MemoryBrokerBuilder {
         let id = NEXT_BROKER_ID.fetch_add(1, Ordering::Relaxed);
         MemoryBroker {
             inner: Arc::new(Inner {
+                id,
+                generation: AtomicU64::new(0),
                 shared: Arc::new(BrokerShared::new(
                     self.hwm.effective_memory_limit_bytes(),
                     self.max_publish_waiters,
@@ -265,8 +273,11 @@ impl MemoryBroker {
 }
 
 impl Inner {
+    /// The registry, to change it: cached routes go stale.
     pub(crate) fn registry_write(&self) -> RwLockWriteGuard<'_, Registry> {
-        self.registry.write().unwrap_or_else(|e| e.into_inner())
+        let registry = self.registry.write().unwrap_or_else(|e| e.into_inner());
+        self.generation.fetch_add(1, Ordering::Release);
+        registry
     }
 
     fn registry_read(&self) -> RwLockReadGuard<'_, Registry> {
@@ -315,12 +326,28 @@ impl Inner {
         message: Message,
         request: bool,
     ) -> Result<(), Stalled> {
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some(route) = route_cache::get(self.id, generation, subject) {
+            // A queue that left since is skipped (see `route_cache`).
+            return push_now(peer, &route.queues, &route.subject, message, true).map_err(|stall| {
+                stall.into_stalled(peer, || Targets::Shared(Arc::clone(&route)), &route.subject)
+            });
+        }
         let registry = self.registry_read();
         let targets = match registry.exact(subject) {
             Ok(Some(route)) => {
-                return push_now(peer, &route.queues, &route.subject, message).map_err(|stall| {
-                    stall.into_stalled(peer, || Targets::Shared(Arc::clone(route)), &route.subject)
-                });
+                // Read under the lock: no change can come between.
+                let generation = self.generation.load(Ordering::Acquire);
+                route_cache::put(self.id, generation, route);
+                return push_now(peer, &route.queues, &route.subject, message, false).map_err(
+                    |stall| {
+                        stall.into_stalled(
+                            peer,
+                            || Targets::Shared(Arc::clone(route)),
+                            &route.subject,
+                        )
+                    },
+                );
             }
             Ok(None) => None,
             Err(()) => registry.targets(subject),
@@ -334,7 +361,7 @@ impl Inner {
             return Ok(());
         };
         let subject = Text::from(subject);
-        push_now(peer, targets.queues(), &subject, message)
+        push_now(peer, targets.queues(), &subject, message, false)
             .map_err(|stall| stall.into_stalled(peer, || targets, &subject))
     }
     /// The single-lane queue a reply to `{prefix}L<queue>.<id>` goes to.
@@ -478,7 +505,7 @@ impl Future for Publish<'_, '_> {
                         return Poll::Ready(Ok(()));
                     };
                     let subject = Text::from(subject);
-                    match push_now(peer, std::slice::from_ref(&queue), &subject, message) {
+                    match push_now(peer, std::slice::from_ref(&queue), &subject, message, false) {
                         Ok(()) => return Poll::Ready(Ok(())),
                         Err(stall) => {
                             match stall.into_stalled(peer, || Targets::Owned(vec![queue]), &subject)
@@ -596,7 +623,8 @@ impl PushStall {
 }
 
 /// Offers the frame to every queue in order without waiting, stopping at
-/// the first one that refuses it.
+/// the first one that refuses it. With `skip_closed`, a closed queue (one
+/// that left the route since it was cached) is passed over.
 // The refused frame comes back by value: boxing it would allocate on the path
 // that is already under pressure.
 #[allow(clippy::result_large_err)]
@@ -605,6 +633,7 @@ fn push_now(
     queues: &[Arc<Queue>],
     subject: &Text,
     message: Message,
+    skip_closed: bool,
 ) -> Result<(), PushStall> {
     let Some((last, rest)) = queues.split_last() else {
         return Ok(());
@@ -612,6 +641,7 @@ fn push_now(
     for (at, queue) in rest.iter().enumerate() {
         match queue.try_push(peer, Envelope::new(subject.clone(), message.clone())) {
             Ok(()) => {}
+            Err(Refused::Closed) if skip_closed => {}
             Err(Refused::Closed) => return Err(PushStall::Closed),
             Err(Refused::Full(env)) => {
                 return Err(PushStall::Full {
@@ -624,6 +654,7 @@ fn push_now(
     }
     match last.try_push(peer, Envelope::new(subject.clone(), message)) {
         Ok(()) => Ok(()),
+        Err(Refused::Closed) if skip_closed => Ok(()),
         Err(Refused::Closed) => Err(PushStall::Closed),
         Err(Refused::Full(env)) => Err(PushStall::Full {
             at: rest.len(),
