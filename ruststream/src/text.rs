@@ -53,18 +53,20 @@ impl Text {
             len: 0,
             buf: [0; INLINE],
         };
+        let mut digits = [0; 20];
         for part in parts {
-            let mut digits = [0; 20];
             let bytes = match part {
                 Part::Str(s) => s.as_bytes(),
                 Part::Decimal(n) => decimal(*n, &mut digits),
             };
-            let end = inline.len + bytes.len();
-            let Some(to) = inline.buf.get_mut(inline.len..end) else {
+            let at = usize::from(inline.len);
+            let end = at + bytes.len();
+            let Some(to) = inline.buf.get_mut(at..end) else {
                 return Text::from(Part::concat(parts));
             };
             to.copy_from_slice(bytes);
-            inline.len = end;
+            // At most INLINE (checked just above), which fits a `u8`.
+            inline.len = end as u8;
         }
         // Whole `str`s and ASCII digits: valid UTF-8.
         Text(Bytes::from_owner(inline))
@@ -109,17 +111,17 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 }
 
 /// Bytes [`Text::concat_shared`] holds inline.
-const INLINE: usize = 96;
+const INLINE: usize = 56;
 
 /// A short formatted text, owned by the `Bytes` that shares it.
 struct Inline {
-    len: usize,
+    len: u8,
     buf: [u8; INLINE],
 }
 
 impl AsRef<[u8]> for Inline {
     fn as_ref(&self) -> &[u8] {
-        &self.buf[..self.len]
+        &self.buf[..usize::from(self.len)]
     }
 }
 

@@ -21,12 +21,22 @@ pub(crate) fn id_parts(id: u64) -> [Part<'static>; 3] {
     ]
 }
 
-/// The id [`id_parts`] wrote.
+/// The id [`id_parts`] wrote. By hand: it runs for every reply.
 pub(crate) fn parse_id(text: &str) -> Option<u64> {
-    let (slot, generation) = text.split_once('-')?;
-    let slot: u32 = slot.parse().ok()?;
-    let generation: u32 = generation.parse().ok()?;
-    Some(u64::from(generation) << 32 | u64::from(slot))
+    let (slot, generation) = text.as_bytes().split_at(text.find('-')?);
+    Some(u64::from(number(generation.get(1..)?)?) << 32 | u64::from(number(slot)?))
+}
+
+/// A `u32` in decimal, digits only.
+fn number(digits: &[u8]) -> Option<u32> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u32, |n, &d| {
+        let d = d.wrapping_sub(b'0');
+        (d < 10).then_some(())?;
+        n.checked_mul(10)?.checked_add(u32::from(d))
+    })
 }
 
 #[derive(Default)]

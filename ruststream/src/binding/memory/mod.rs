@@ -36,6 +36,7 @@
 mod delivery;
 mod inbox;
 mod queue;
+mod readers;
 mod registry;
 mod route_cache;
 mod shared;
