@@ -23,19 +23,80 @@ use super::slot;
 use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
 use crate::ingress::JobPermit;
-use crate::pipeline::{Checked, Unit, invoke};
+use crate::pipeline::{Checked, Early, Unit, invoke};
 use crate::subscriber::Subscriber;
 
-/// What a thread is handed: a raw delivery, or one the feeder already decoded
-/// (by-key routing).
-/// Each carries the job permit taken before its receive (JQ-4).
-enum Job<D, Body> {
-    Raw(D, JobPermit),
-    Decoded(D, Body, JobPermit),
+type DeliveryOf<B> = <<B as Broker>::Subscription as Subscription>::Delivery;
+
+/// What a thread is handed: a delivery with the job permit taken before its
+/// receive (JQ-4). One type per mode, so a ring slot is only as large as
+/// its mode needs (a plain delivery moves without a `memcpy` call).
+trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
+    /// Whether the feeder waits until every ring has a free slot (by key:
+    /// it learns the ring only after taking the delivery) or any one.
+    const ALL_RINGS: bool;
+
+    /// The job and its ring (`free` had a slot); the delivery and its permit
+    /// back when it stops before the handler (settled by the feeder).
+    fn make(
+        unit: &Unit<B, S>,
+        delivery: DeliveryOf<B>,
+        permit: JobPermit,
+        free: usize,
+        n: usize,
+    ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)>;
+
+    /// The delivery, the body if the feeder decoded it, and the permit.
+    fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit);
 }
 
-type JobOf<B, S> =
-    Job<<<B as Broker>::Subscription as Subscription>::Delivery, <S as Subscriber>::Body>;
+/// A raw delivery, decoded by its thread, into the next ring with room.
+struct Raw<D>(D, JobPermit);
+
+impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
+    const ALL_RINGS: bool = false;
+
+    fn make(
+        _: &Unit<B, S>,
+        delivery: DeliveryOf<B>,
+        permit: JobPermit,
+        free: usize,
+        _: usize,
+    ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)> {
+        Ok((free, Raw(delivery, permit)))
+    }
+
+    fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit) {
+        (self.0, None, self.1)
+    }
+}
+
+/// A delivery the feeder decoded to route its key to one thread.
+struct Decoded<D, Body>(D, Body, JobPermit);
+
+impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
+    const ALL_RINGS: bool = true;
+
+    fn make(
+        unit: &Unit<B, S>,
+        delivery: DeliveryOf<B>,
+        permit: JobPermit,
+        _: usize,
+        n: usize,
+    ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)> {
+        match unit.check(&delivery) {
+            Checked::Body(body) => {
+                let key = unit.subscriber.key(&body, delivery.envelope());
+                Ok((slot(key, n), Decoded(delivery, body, permit)))
+            }
+            Checked::Early(early) => Err((delivery, early, permit)),
+        }
+    }
+
+    fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit) {
+        (self.0, Some(self.1), self.2)
+    }
+}
 
 struct Rings<T> {
     rings: Vec<Ring<T>>,
@@ -95,12 +156,26 @@ impl<T> Rings<T> {
 
 pub(crate) async fn run<B: Broker, S: Subscriber>(
     unit: Arc<Unit<B, S>>,
-    mut subscription: B::Subscription,
+    subscription: B::Subscription,
     stop: Stop,
     n: usize,
     by_key: bool,
 ) {
-    let rings: Arc<Rings<JobOf<B, S>>> = Arc::new(Rings {
+    if by_key {
+        run_jobs::<B, S, Decoded<_, _>>(unit, subscription, stop, n).await;
+    } else {
+        run_jobs::<B, S, Raw<_>>(unit, subscription, stop, n).await;
+    }
+}
+
+async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
+    unit: Arc<Unit<B, S>>,
+    mut subscription: B::Subscription,
+    stop: Stop,
+    n: usize,
+) {
+    let by_key = J::ALL_RINGS;
+    let rings: Arc<Rings<J>> = Arc::new(Rings {
         rings: (0..n).map(|_| Ring::new()).collect(),
         feeder: Mutex::new(None),
     });
@@ -116,7 +191,9 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
                 .enable_all()
                 .build()
             {
-                Ok(runtime) => runtime.block_on(thread_loop(&thread_unit, &rings, index)),
+                Ok(runtime) => {
+                    runtime.block_on(thread_loop::<B, S, J>(&thread_unit, &rings, index))
+                }
                 Err(err) => {
                     tracing::error!(error = %err, "cannot start a dedicated thread's runtime")
                 }
@@ -173,19 +250,14 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
                 delivery
             }
         };
-        let (ring, job) = if by_key {
-            let body = match unit.check(&delivery) {
-                Checked::Body(body) => body,
-                Checked::Early(early) => {
-                    wakes.flush();
-                    Box::pin(unit.settle_early(delivery, early)).await;
-                    continue;
-                }
-            };
-            let key = unit.subscriber.key(&body, delivery.envelope());
-            (slot(key, n), Job::Decoded(delivery, body, permit))
-        } else {
-            (target, Job::Raw(delivery, permit))
+        let (ring, job) = match J::make(&unit, delivery, permit, target, n) {
+            Ok(job) => job,
+            Err((delivery, early, permit)) => {
+                wakes.flush();
+                Box::pin(unit.settle_early(delivery, early)).await;
+                drop(permit);
+                continue;
+            }
         };
         if let Some(waker) = rings.rings[ring].push(job) {
             wakes.0.push(waker);
@@ -200,9 +272,9 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
     }
 }
 
-async fn thread_loop<B: Broker, S: Subscriber>(
+async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
     unit: &Unit<B, S>,
-    rings: &Rings<JobOf<B, S>>,
+    rings: &Rings<J>,
     index: usize,
 ) {
     let ring = &rings.rings[index];
@@ -210,16 +282,17 @@ async fn thread_loop<B: Broker, S: Subscriber>(
         // JQ-4 step 5: the permit returns right before the handler (or after
         // a malformed record's bounded processing). Each delivery runs inside
         // this loop's own future (`invoke!`), never in a future moved into it.
-        let (delivery, body, permit) = match job {
-            Job::Raw(delivery, permit) => match unit.check(&delivery) {
-                Checked::Body(body) => (delivery, body, permit),
+        let (delivery, body, permit) = job.into_parts();
+        let body = match body {
+            Some(body) => body,
+            None => match unit.check(&delivery) {
+                Checked::Body(body) => body,
                 Checked::Early(early) => {
                     Box::pin(unit.settle_early(delivery, early)).await;
                     drop(permit);
                     continue;
                 }
             },
-            Job::Decoded(delivery, body, permit) => (delivery, body, permit),
         };
         drop(permit);
         invoke!(unit, delivery, handle(body));
