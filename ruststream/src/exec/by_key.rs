@@ -72,8 +72,12 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         }
         // Permit before receive (JQ-4); it travels with the delivery into
         // the owner FIFO.
-        let Some(permit) = super::permit(&jobs, &stop).await else {
-            break;
+        let permit = match jobs.try_acquire() {
+            Some(permit) => permit,
+            None => match super::permit(&jobs, &stop).await {
+                Some(permit) => permit,
+                None => break,
+            },
         };
         let Some(delivery) = next(&mut subscription, &stop, stopped.as_mut()).await else {
             break;

@@ -55,7 +55,15 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let jobs = Arc::clone(unit.app.jobs());
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
-    while let Some(permit) = super::permit(&jobs, &stop).await {
+    loop {
+        // JQ-4 step 1; the wait (with its stop race) only when none is free.
+        let permit = match jobs.try_acquire() {
+            Some(permit) => permit,
+            None => match super::permit(&jobs, &stop).await {
+                Some(permit) => permit,
+                None => break,
+            },
+        };
         let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
             break;
         };
