@@ -79,7 +79,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                 None => break,
             },
         };
-        let Some(delivery) = next(&mut subscription, &stop, stopped.as_mut()).await else {
+        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
             break;
         };
         let body = match unit.check(&delivery) {

@@ -12,19 +12,27 @@ use crate::binding::{Broker, Subscription};
 use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::SendSubscriber;
 
-/// The body of [`next`], for loops that take deliveries inline.
+/// The next delivery, or `None` once `stop` was called or the subscription
+/// ended, taken inside the calling loop's own future. A delivery already
+/// available wins over a stop that races it only if the stop was not yet
+/// visible: checked first, so a stopped loop never takes another delivery.
+/// `$stopped` is the loop's own `stop.wait()`, pinned once: it registers on
+/// the first wait and stays registered, so a wait costs no registration of
+/// its own. After `None` the loop ends (a finished `$stopped` must not be
+/// polled again).
 macro_rules! next {
     ($subscription:expr, $stop:expr, $stopped:expr) => {{
-        let stop: &Stop = $stop;
+        let stop: &$crate::exec::stop::Stop = $stop;
         if stop.is_stopped() {
             None
-        } else if let Some(delivery) = at_hand($subscription).await {
+        } else if let Some(delivery) = $crate::exec::sequential::at_hand($subscription).await {
             Some(delivery)
         } else {
-            wait_next($subscription, $stopped).await
+            $crate::exec::sequential::wait_next($subscription, $stopped).await
         }
     }};
 }
+pub(crate) use next;
 
 /// The delivery the binding has at hand, if any, without waiting
 /// ([`Subscription::try_next`]), within the task's cooperative budget: a
@@ -81,22 +89,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     }
 }
 
-/// The next delivery, or `None` once `stop` was called or the subscription
-/// ended. A delivery already available wins over a stop that races it only
-/// if the stop was not yet visible: checked first, so a stopped loop never
-/// takes another delivery. `stopped` is the loop's own `stop.wait()`, pinned
-/// once: it registers on the first wait and stays registered, so a wait
-/// costs no registration of its own. After `None` the loop ends (a finished
-/// `stopped` must not be polled again).
-pub(crate) async fn next<S: Subscription>(
-    subscription: &mut S,
-    stop: &Stop,
-    stopped: Pin<&mut impl Future<Output = ()>>,
-) -> Option<S::Delivery> {
-    next!(subscription, stop, stopped)
-}
-
-/// [`next`] after [`at_hand`] found nothing: [`Subscription::next`] unless
+/// [`next!`] after [`at_hand`] found nothing: [`Subscription::next`] unless
 /// `stopped` comes first. By hand rather than `select!`: the subscription
 /// first, and the stop signal only while the subscription is pending.
 pub(crate) async fn wait_next<S: Subscription>(
