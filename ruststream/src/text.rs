@@ -58,6 +58,7 @@ impl Text {
             let bytes = match part {
                 Part::Str(s) => s.as_bytes(),
                 Part::Decimal(n) => decimal(*n, &mut digits),
+                Part::Hex(n) => hex(*n, &mut digits),
             };
             let at = usize::from(inline.len);
             let end = at + bytes.len();
@@ -79,6 +80,8 @@ pub(crate) enum Part<'a> {
     Str(&'a str),
     /// A number, in decimal.
     Decimal(u64),
+    /// A number, in lowercase hexadecimal.
+    Hex(u64),
 }
 
 impl Part<'_> {
@@ -90,6 +93,7 @@ impl Part<'_> {
             let _ = match part {
                 Part::Str(s) => text.write_str(s),
                 Part::Decimal(n) => write!(text, "{n}"),
+                Part::Hex(n) => write!(text, "{n:x}"),
             };
         }
         text
@@ -104,6 +108,20 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
         at -= 1;
         buf[at] = b'0' + (n % 10) as u8;
         n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// `n`'s lowercase hexadecimal digits, written at the end of `buf`.
+fn hex(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = DIGITS[(n & 0xf) as usize];
+        n >>= 4;
         if n == 0 {
             return &buf[at..];
         }

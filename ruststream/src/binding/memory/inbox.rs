@@ -11,13 +11,13 @@ use crate::text::Part;
 use crate::{Envelope, Message, Text};
 
 /// How id `id` reads in a reply subject: `{slot}-{generation}`, two short
-/// numbers (the id itself, generation << 32 | slot, runs to 13 digits and
-/// more once a slot is reused).
+/// hexadecimal numbers (the id itself, generation << 32 | slot, would run to
+/// 13 decimal digits and more once a slot is reused).
 pub(crate) fn id_parts(id: u64) -> [Part<'static>; 3] {
     [
-        Part::Decimal(id & u64::from(u32::MAX)),
+        Part::Hex(id & u64::from(u32::MAX)),
         Part::Str("-"),
-        Part::Decimal(id >> 32),
+        Part::Hex(id >> 32),
     ]
 }
 
@@ -28,17 +28,20 @@ pub(crate) fn parse_id(text: &str) -> Option<u64> {
     let mut parts = [(0u64, 0u32); 2];
     let mut at = 0;
     for &byte in text.as_bytes() {
-        match byte {
-            b'0'..=b'9' => {
-                let (value, digits) = &mut parts[at];
-                *value = *value * 10 + u64::from(byte - b'0');
-                *digits += 1;
-                if *value > u64::from(u32::MAX) {
-                    return None;
-                }
+        let digit = match byte {
+            b'0'..=b'9' => byte - b'0',
+            b'a'..=b'f' => byte - b'a' + 10,
+            b'-' if at == 0 => {
+                at = 1;
+                continue;
             }
-            b'-' if at == 0 => at = 1,
             _ => return None,
+        };
+        let (value, digits) = &mut parts[at];
+        *value = *value << 4 | u64::from(digit);
+        *digits += 1;
+        if *digits > 8 {
+            return None;
         }
     }
     let [(slot, slot_digits), (generation, generation_digits)] = parts;
