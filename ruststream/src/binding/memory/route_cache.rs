@@ -7,6 +7,8 @@
 //! starts after a subscribe returned never uses a route from before it. A
 //! publish racing an unsubscribe may still reach the queue that is leaving;
 //! it finds the queue closed and skips it, as if it had come just after.
+//! An entry keeps its route's queues allocated (a closed queue holds no
+//! frames) until the thread publishes to another subject or ends.
 
 use std::cell::RefCell;
 use std::sync::Arc;
