@@ -304,7 +304,11 @@ fn generate(
         None => quote!(::ruststream::Json),
     };
     let subject = &args.subject;
-    let mut config = quote!(::ruststream::SubscriberConfig::new(#subject));
+    // A literal: a static `Text`, so the subject every delivery carries is
+    // copied without touching a reference count.
+    let mut config = quote!(::ruststream::SubscriberConfig::new(
+        ::ruststream::Text::from_static(#subject)
+    ));
     if let Some(group) = &args.options.queue_group {
         config.extend(quote!(.queue_group(#group)));
     }

@@ -36,6 +36,9 @@ pub trait Codec: Send + Sync + 'static {
     fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, BoxError>;
 }
 
+/// Encoded values up to this size take the one-allocation path.
+const SMALL: usize = 256;
+
 /// JSON through `serde_json`: the default codec.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Json;
@@ -48,6 +51,19 @@ impl Codec for Json {
     }
 
     fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, BoxError> {
-        Ok(Bytes::from(serde_json::to_vec(value)?))
+        // A small value is written on the stack and copied out at its exact
+        // size: one allocation, where a growing `Vec` handed to `Bytes` costs
+        // two (the buffer, then `Bytes`' header for its spare capacity).
+        let mut buf = [0u8; SMALL];
+        let mut rest = &mut buf[..];
+        match serde_json::to_writer(&mut rest, value) {
+            Ok(()) => {
+                let len = SMALL - rest.len();
+                Ok(Bytes::copy_from_slice(&buf[..len]))
+            }
+            // Too big for the stack buffer: the ordinary way.
+            Err(err) if err.is_io() => Ok(Bytes::from(serde_json::to_vec(value)?)),
+            Err(err) => Err(err.into()),
+        }
     }
 }

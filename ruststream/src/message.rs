@@ -24,7 +24,7 @@ pub mod header {
 
 /// Ordered message headers. Names may repeat; lookups return the first match.
 ///
-/// An empty `Headers` does not allocate.
+/// An empty `Headers` does not allocate, nor does one with a single header.
 ///
 /// ```
 /// use ruststream::Headers;
@@ -34,56 +34,91 @@ pub mod header {
 /// assert_eq!(h.get("trace-id"), Some("abc"));
 /// assert_eq!(h.get("missing"), None);
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Headers(Vec<(Text, Text)>);
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Headers {
+    /// The first header, inline: a message with one header (a reply's status,
+    /// say) needs no list. `None` only when `rest` is empty too, so equal
+    /// headers always look alike.
+    first: Option<(Text, Text)>,
+    rest: Vec<(Text, Text)>,
+}
 
 impl Headers {
     /// No headers.
     pub const fn new() -> Self {
-        Headers(Vec::new())
+        Headers {
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+
+    fn pairs(&self) -> impl Iterator<Item = &(Text, Text)> {
+        self.first.iter().chain(self.rest.iter())
     }
 
     /// Appends a header; an existing header of the same name is replaced.
     pub fn insert(&mut self, name: impl Into<Text>, value: impl Into<Text>) {
         let name = name.into();
         let value = value.into();
-        match self.0.iter_mut().find(|(n, _)| *n == name) {
+        let Some(first) = &mut self.first else {
+            self.first = Some((name, value));
+            return;
+        };
+        match std::iter::once(first)
+            .chain(self.rest.iter_mut())
+            .find(|(n, _)| *n == name)
+        {
             Some(slot) => slot.1 = value,
-            None => self.0.push((name, value)),
+            None => self.rest.push((name, value)),
         }
     }
 
     /// Removes every header called `name`.
     pub fn remove(&mut self, name: &str) {
-        self.0.retain(|(n, _)| n.as_str() != name);
+        self.rest.retain(|(n, _)| n.as_str() != name);
+        if self.first.as_ref().is_some_and(|(n, _)| n.as_str() == name) {
+            self.first = (!self.rest.is_empty()).then(|| self.rest.remove(0));
+        }
     }
 
     /// The first value of `name`.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
+        self.pairs()
             .find(|(n, _)| n.as_str() == name)
             .map(|(_, v)| v.as_str())
     }
 
     /// Every `(name, value)` pair in insertion order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+        self.pairs().map(|(n, v)| (n.as_str(), v.as_str()))
     }
 
     /// Number of headers.
     pub fn len(&self) -> usize {
-        self.0.len()
+        usize::from(self.first.is_some()) + self.rest.len()
     }
 
     /// True when there are no headers.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.first.is_none()
     }
 
     /// Bytes the names and values occupy; used for HWM accounting.
     pub(crate) fn byte_len(&self) -> usize {
-        self.0.iter().map(|(n, v)| n.len() + v.len()).sum()
+        self.pairs().map(|(n, v)| n.len() + v.len()).sum()
+    }
+}
+
+// As the list it is: `Headers([(name, value), ..])`.
+impl std::fmt::Debug for Headers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        struct List<'a>(&'a Headers);
+        impl std::fmt::Debug for List<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_list().entries(self.0.pairs()).finish()
+            }
+        }
+        f.debug_tuple("Headers").field(&List(self)).finish()
     }
 }
 

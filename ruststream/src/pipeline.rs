@@ -3,9 +3,8 @@
 //! handler errors and panics end in `nack` until `max_attempts`, then `reject`.
 //!
 //! The steps are split so execution modes can run them where they belong:
-//! [`Unit::check`] (layers and decode, synchronous) or [`Unit::prepare`] (the
-//! same, settling early exits), then `invoke!` / [`Unit::invoke_local`]
-//! (handler to settlement).
+//! [`Unit::check`] (layers and decode, synchronous; [`Unit::settle_early`]
+//! settles what stops there), then `invoke!` (handler to settlement).
 
 use std::any::Any;
 use std::future::{Future, poll_fn};
@@ -82,10 +81,15 @@ macro_rules! invoke {
                 // The common case, settled right here: a plain ack, nothing
                 // to reply, nothing to start after it.
                 ($crate::pipeline::Outcome::Ack(None), None) if !unit.app.has_after_ack() => {
-                    let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
-                    match $crate::pipeline::or_abort(ack, aborted).await {
-                        Some(acked) => unit.settled(acked),
-                        None => unit.aborted(),
+                    match $crate::Delivery::try_ack(delivery) {
+                        Ok(acked) => unit.settled(acked),
+                        Err(delivery) => {
+                            let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
+                            match $crate::pipeline::or_abort(ack, aborted).await {
+                                Some(acked) => unit.settled(acked),
+                                None => unit.aborted(),
+                            }
+                        }
                     }
                 }
                 (outcome, follow_ups) => {
@@ -134,18 +138,6 @@ impl<F: Future<Output = Outcome>> Future for Caught<'_, F> {
 }
 
 impl<B: Broker, S: Subscriber> Unit<B, S> {
-    /// Accept layers and decode. `None` when the delivery was settled here
-    /// (rejected by a layer, or malformed).
-    pub(crate) async fn prepare<D: Delivery>(&self, delivery: D) -> Option<(D, S::Body)> {
-        match self.check(&delivery) {
-            Checked::Body(body) => Some((delivery, body)),
-            Checked::Early(early) => {
-                Box::pin(self.settle_early(delivery, early)).await;
-                None
-            }
-        }
-    }
-
     /// Accept layers and decode, synchronously: settling what stops here is
     /// left to [`settle_early`](Self::settle_early), out of line.
     #[inline]
@@ -207,11 +199,6 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 self.refused(delivery, err.into()).await;
             }
         }
-    }
-
-    /// Handler to settlement; the future may be `!Send`.
-    pub(crate) async fn invoke_local<D: Delivery>(&self, delivery: D, body: S::Body) {
-        invoke!(self, delivery, handle(body))
     }
 
     #[cold]

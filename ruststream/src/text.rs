@@ -43,6 +43,104 @@ impl Text {
     pub fn as_bytes(&self) -> &Bytes {
         &self.0
     }
+
+    /// The concatenation of `parts`, short, in one allocation that its
+    /// clones share. (`Text::from(String)` allocates again on its first
+    /// clone, when `Bytes` turns its buffer into a shared one.) Longer text
+    /// takes the ordinary way.
+    pub(crate) fn concat_shared(parts: &[Part<'_>]) -> Text {
+        let mut inline = Inline {
+            len: 0,
+            buf: [0; INLINE],
+        };
+        let mut digits = [0; 20];
+        for part in parts {
+            let bytes = match part {
+                Part::Str(s) => s.as_bytes(),
+                Part::Decimal(n) => decimal(*n, &mut digits),
+                Part::Hex(n) => hex(*n, &mut digits),
+            };
+            let at = usize::from(inline.len);
+            let end = at + bytes.len();
+            let Some(to) = inline.buf.get_mut(at..end) else {
+                return Text::from(Part::concat(parts));
+            };
+            to.copy_from_slice(bytes);
+            // At most INLINE (checked just above), which fits a `u8`.
+            inline.len = end as u8;
+        }
+        // Whole `str`s and ASCII digits: valid UTF-8.
+        Text(Bytes::from_owner(inline))
+    }
+}
+
+/// A piece of [`Text::concat_shared`].
+#[derive(Clone, Copy)]
+pub(crate) enum Part<'a> {
+    Str(&'a str),
+    /// A number, in decimal.
+    Decimal(u64),
+    /// A number, in lowercase hexadecimal.
+    Hex(u64),
+}
+
+impl Part<'_> {
+    fn concat(parts: &[Part<'_>]) -> String {
+        use std::fmt::Write;
+        let mut text = String::new();
+        for part in parts {
+            // Writing into a `String` cannot fail.
+            let _ = match part {
+                Part::Str(s) => text.write_str(s),
+                Part::Decimal(n) => write!(text, "{n}"),
+                Part::Hex(n) => write!(text, "{n:x}"),
+            };
+        }
+        text
+    }
+}
+
+/// `n`'s decimal digits, written at the end of `buf` (without `fmt`'s
+/// machinery, which costs more than the digits on a per-request path).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// `n`'s lowercase hexadecimal digits, written at the end of `buf`.
+fn hex(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = DIGITS[(n & 0xf) as usize];
+        n >>= 4;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// Bytes [`Text::concat_shared`] holds inline.
+const INLINE: usize = 56;
+
+/// A short formatted text, owned by the `Bytes` that shares it.
+struct Inline {
+    len: u8,
+    buf: [u8; INLINE],
+}
+
+impl AsRef<[u8]> for Inline {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
 }
 
 // Hash as `str` does, so `HashMap<Text, _>` can be queried with `&str`

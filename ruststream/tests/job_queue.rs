@@ -42,8 +42,12 @@ async fn jq24_3_without_a_permit_the_next_record_is_not_received() {
         .await
         .unwrap();
     let app = running.handle().clone();
-    until(5, "one source reserves the only permit", || {
-        app.pressure().in_use == 1
+    // One source reserves the only permit; the other waits for it (until
+    // it does, the holder could take the permit again after its record and
+    // the other would wait behind it).
+    until(5, "one source reserves the only permit, one waits", || {
+        let pressure = app.pressure();
+        pressure.in_use == 1 && pressure.waiters == 1
     })
     .await;
     broker

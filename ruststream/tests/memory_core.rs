@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::time::Duration;
 
 use common::{frame, within};
@@ -78,6 +79,60 @@ async fn fan_out_gives_every_subscription_every_message_queue_group_shares_them(
         0,
         "nothing left anywhere: exactly 10 per group"
     );
+}
+
+#[tokio::test]
+async fn publishes_follow_subscriptions_as_they_come_and_go() {
+    // One thread publishing to one subject: the route it resolved is reused
+    // until the subscriptions change, and never after.
+    let broker = MemoryBroker::new();
+    let publish = || broker.publish_message("routes", Message::new("m"), None);
+    publish().await.unwrap();
+    let mut first = broker
+        .subscribe(SubscribeOptions::new("routes"))
+        .await
+        .unwrap();
+    publish().await.unwrap();
+    let mut second = broker
+        .subscribe(SubscribeOptions::new("routes"))
+        .await
+        .unwrap();
+    publish().await.unwrap();
+    for _ in 0..2 {
+        first.next().await.unwrap().ack().await.unwrap();
+    }
+    second.next().await.unwrap().ack().await.unwrap();
+    assert_eq!(broker.queued_bytes(), 0, "first got 2, second 1");
+    drop(first);
+    // The route that held `first` is gone: no error, `second` still gets it.
+    publish().await.unwrap();
+    assert_eq!(broker.queued_bytes(), frame(1));
+    second.next().await.unwrap().ack().await.unwrap();
+    drop(second);
+    publish().await.unwrap();
+    assert_eq!(broker.queued_bytes(), 0, "no queue left to hold it");
+}
+
+#[tokio::test]
+async fn a_waiter_woken_for_a_frame_it_never_takes_hands_the_wake_up_on() {
+    let broker = MemoryBroker::new();
+    let options = || SubscribeOptions::new("handoff").queue_group("g");
+    let mut a = broker.subscribe(options()).await.unwrap();
+    let mut b = broker.subscribe(options()).await.unwrap();
+    // `a` waits first, so the frame's wake-up goes to it...
+    let mut a_waits = Box::pin(a.next());
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(a_waits.as_mut().poll(&mut cx).is_pending());
+    let b_waits = tokio::spawn(async move { b.next().await.map(|d| d.envelope().clone()) });
+    settle_tasks().await;
+    broker
+        .publish_message("handoff", Message::new("one"), None)
+        .await
+        .unwrap();
+    // ...but its wait is dropped before it looks: `b` must get the frame.
+    drop(a_waits);
+    let got = within(5, "b to get the frame", b_waits).await.unwrap();
+    assert_eq!(got.unwrap().payload(), "one".as_bytes());
 }
 
 #[tokio::test(start_paused = true)]

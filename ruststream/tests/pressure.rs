@@ -203,12 +203,20 @@ async fn jq24_13_receive_flow_is_applied_to_request_reply_sources_only() {
         .await
         .unwrap();
     assert!(!queue(&broker, "p13.rr").receive_paused);
-    for i in 0..P13_N {
-        broker
-            .publish_message("p13.rr", Message::new(format!("{i}")), None)
-            .await
-            .unwrap();
-    }
+    // From a task of its own: once the loop holds 5 permits the queue is
+    // paused, and a publish still to come waits for the resume below (the
+    // loop may take records as fast as they come in).
+    let publisher = {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            for i in 0..P13_N {
+                broker
+                    .publish_message("p13.rr", Message::new(format!("{i}")), None)
+                    .await
+                    .unwrap();
+            }
+        })
+    };
     until(5, "pressure PAUSED", || {
         running.pressure().state == PressureState::Paused
     })
@@ -235,6 +243,9 @@ async fn jq24_13_receive_flow_is_applied_to_request_reply_sources_only() {
 
     // Resume lifts only the pause.
     P13_GATE.open();
+    within(10, "every service record published", publisher)
+        .await
+        .unwrap();
     within(10, "every service record handled", P13_ALL.notified()).await;
     until(5, "pressure RUNNING", || {
         running.pressure().state == PressureState::Running

@@ -135,6 +135,14 @@ pub trait Subscription: Send + 'static {
     /// broker is closed. Cancel-safe: dropping the future loses nothing.
     fn next(&mut self) -> impl Future<Output = Option<Self::Delivery>> + Send;
 
+    /// The next delivery if one is at hand, without waiting; `None` sends
+    /// the caller to [`next`](Self::next) (nothing at hand, the end, or no
+    /// fast path: the default). The runtime calls it only when it could
+    /// call `next`, and keeps the cooperative budget itself.
+    fn try_next(&mut self) -> Option<Self::Delivery> {
+        None
+    }
+
     /// The receive-flow switch of a request/reply source (JQ-15): the app
     /// registers it with its job queue, which sets it PAUSED/RUNNING as
     /// pressure changes. `None` (the default) for sources pressure must not
@@ -164,6 +172,15 @@ pub trait Delivery: Send + Sync + 'static {
 
     /// Done: never deliver this message again.
     fn ack(self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Acks without waiting where the binding can: `Err(self)` hands the
+    /// delivery back for [`ack`](Self::ack) (the default).
+    fn try_ack(self) -> std::result::Result<Result<()>, Self>
+    where
+        Self: Sized,
+    {
+        Err(self)
+    }
 
     /// Failed: deliver it again, with attempt + 1.
     fn nack(self) -> impl Future<Output = Result<()>> + Send;

@@ -7,6 +7,7 @@
 //! on one worker at a time, in arrival order, and a slow key holds only its
 //! own FIFO, never the other keys.
 
+use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::Arc;
 
@@ -43,7 +44,10 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             let unit = Arc::clone(&unit);
             let owners = Arc::clone(&owners);
             tokio::spawn(async move {
-                while let Some(turn) = owners.next_turn().await {
+                // One waiter for the worker's whole life, polled in place:
+                // a turn is moved out of the set once, not through futures.
+                let mut wait = owners.waiter();
+                while let Some(turn) = poll_fn(|cx| wait.poll(cx)).await {
                     let (delivery, body, permit) = turn.item;
                     // JQ-4 step 5: the permit returns right before the handler.
                     drop(permit);
@@ -68,10 +72,14 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         }
         // Permit before receive (JQ-4); it travels with the delivery into
         // the owner FIFO.
-        let Some(permit) = super::permit(&jobs, &stop).await else {
-            break;
+        let permit = match jobs.try_acquire() {
+            Some(permit) => permit,
+            None => match super::permit(&jobs, &stop).await {
+                Some(permit) => permit,
+                None => break,
+            },
         };
-        let Some(delivery) = next(&mut subscription, &stop).await else {
+        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
             break;
         };
         let body = match unit.check(&delivery) {
@@ -84,27 +92,25 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         };
         let key = unit.subscriber.key(&body, delivery.envelope());
         let bytes = delivery.envelope().frame_bytes();
-        let item = (delivery, body, permit);
-        let item = if item.0.envelope().reply_to().is_some() {
+        let request = delivery.envelope().reply_to().is_some();
+        // The capacity checked above is ours alone (one producer), so this
+        // normally admits at once, without a future to move the item into.
+        let item = match owners.try_admit(key, (delivery, body, permit), bytes) {
+            Ok(_) => continue,
+            Err((Refusal::Closed, _)) => break,
             // A request is a new submission with a caller waiting: a full
             // owner refuses it at once, with the reason (JQ-10).
-            match owners.try_admit(key, item, bytes) {
-                Ok(_) => continue,
-                Err((
-                    refusal @ (Refusal::OwnerCount | Refusal::OwnerBytes),
-                    (delivery, _, permit),
-                )) => {
-                    drop(permit);
-                    unit.refuse(delivery, refusal.into()).await;
-                    continue;
-                }
-                Err((_, item)) => item,
+            Err((refusal @ (Refusal::OwnerCount | Refusal::OwnerBytes), (delivery, _, permit)))
+                if request =>
+            {
+                drop(permit);
+                unit.refuse(delivery, refusal.into()).await;
+                continue;
             }
-        } else {
-            item
+            Err((_, item)) => item,
         };
-        // The capacity checked above is ours alone (one producer), so this
-        // admits at once; it waits only if a per-key limit is lower.
+        // A one-way record waits while a per-key limit lower than the total
+        // holds it (JQ-22: never capacity-rejected).
         if owners.admit(key, item, bytes).await.is_err() {
             break;
         }

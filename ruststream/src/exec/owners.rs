@@ -273,15 +273,22 @@ impl<T> OwnerSet<T> {
         .await
     }
 
-    /// The next turn: the head item of the oldest ready owner, which stays
-    /// out of the ready set until [`finish`](Self::finish). `None` once the set
-    /// is closed and fully drained.
+    /// One turn, through a fresh [`waiter`](Self::waiter).
+    #[cfg(test)]
     pub(crate) async fn next_turn(&self) -> Option<Turn<T>> {
-        let mut wait = Sleep {
+        let mut wait = self.waiter();
+        poll_fn(|cx| wait.poll(cx)).await
+    }
+
+    /// A worker's wait for turns. Polled, it yields the head item of the
+    /// oldest ready owner, which stays out of the ready set until
+    /// [`finish`](Self::finish); `None` once the set is closed and fully
+    /// drained. Reusable from one turn to the next.
+    pub(crate) fn waiter(&self) -> Sleep<'_, T> {
+        Sleep {
             set: self,
             token: None,
-        };
-        poll_fn(|cx| wait.poll(cx)).await
+        }
     }
 
     /// Ends a turn: releases its reservation and puts the owner back into the
@@ -353,14 +360,14 @@ impl<T> OwnerSet<T> {
 /// One worker waiting for a turn. Dropped while it waits (its task aborted),
 /// it leaves the sleepers and hands a wake-up it may have received on to
 /// another worker, so no ready owner is stranded.
-struct Sleep<'a, T> {
+pub(crate) struct Sleep<'a, T> {
     set: &'a OwnerSet<T>,
     /// Set while this wait is pending (it registered as a sleeper).
     token: Option<u64>,
 }
 
 impl<T> Sleep<'_, T> {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Turn<T>>> {
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Turn<T>>> {
         let mut guard = self.set.lock();
         let state = &mut *guard;
         // Level-triggered: whatever woke us (or not), re-check the set.

@@ -2,12 +2,14 @@
 //! (RT-5). The feeder is the only producer and checks for space before it
 //! takes a delivery from the broker, so a push never finds the ring full.
 //!
-//! Wake-ups happen only on the edges someone waits for: a push wakes the
-//! thread only if it waits (its ring was empty), and a pop wakes the feeder
+//! Wake-ups happen only on the edges someone waits for: a push hands the
+//! feeder the waker of a thread that waits (its ring was empty), which the
+//! feeder wakes in a batch before it waits itself; a pop wakes the feeder
 //! only if the ring was full and the feeder waits for space.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
@@ -16,6 +18,11 @@ pub(crate) const RING_SLOTS: usize = 8;
 
 pub(crate) struct Ring<T> {
     state: Mutex<RingState<T>>,
+    /// `items.len()`, written under the lock and read without it: the feeder
+    /// (the only producer) looks for space without taking every ring's
+    /// lock. A stale read errs on the side of "full" only, since the count
+    /// can drop but never rise behind the feeder's back.
+    len: AtomicUsize,
 }
 
 struct RingState<T> {
@@ -33,6 +40,7 @@ impl<T> Ring<T> {
                 closed: false,
                 reader: None,
             }),
+            len: AtomicUsize::new(0),
         }
     }
 
@@ -42,19 +50,19 @@ impl<T> Ring<T> {
     }
 
     pub(crate) fn has_space(&self) -> bool {
-        self.lock().items.len() < RING_SLOTS
+        self.len.load(Ordering::Acquire) < RING_SLOTS
     }
 
     /// Appends an item; the caller checked [`has_space`](Self::has_space).
-    pub(crate) fn push(&self, item: T) {
+    /// Returns the thread's waker if it waits for this item: the caller
+    /// wakes it, at the latest before it waits itself.
+    #[must_use = "a waiting thread must be woken"]
+    pub(crate) fn push(&self, item: T) -> Option<Waker> {
         let mut state = self.lock();
         debug_assert!(state.items.len() < RING_SLOTS, "feeder checks space first");
         state.items.push_back(item);
-        let reader = state.reader.take();
-        drop(state);
-        if let Some(reader) = reader {
-            reader.wake();
-        }
+        self.len.store(state.items.len(), Ordering::Release);
+        state.reader.take()
     }
 
     /// The next item, waiting for one; `None` once closed and drained.
@@ -69,6 +77,7 @@ impl<T> Ring<T> {
         let was_full = state.items.len() == RING_SLOTS;
         if let Some(item) = state.items.pop_front() {
             state.reader = None;
+            self.len.store(state.items.len(), Ordering::Release);
             drop(state);
             if was_full {
                 freed();

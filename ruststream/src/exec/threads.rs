@@ -10,7 +10,7 @@
 //! until every ring has a free slot before taking a delivery, keeping the
 //! same bound.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
@@ -18,24 +18,85 @@ use std::task::{Poll, Waker};
 use tokio::sync::oneshot;
 
 use super::ring::Ring;
-use super::sequential::next;
+use super::sequential::wait_next;
 use super::slot;
 use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
 use crate::ingress::JobPermit;
-use crate::pipeline::Unit;
+use crate::pipeline::{Checked, Early, Unit, invoke};
 use crate::subscriber::Subscriber;
 
-/// What a thread is handed: a raw delivery, or one the feeder already decoded
-/// (by-key routing).
-/// Each carries the job permit taken before its receive (JQ-4).
-enum Job<D, Body> {
-    Raw(D, JobPermit),
-    Decoded(D, Body, JobPermit),
+type DeliveryOf<B> = <<B as Broker>::Subscription as Subscription>::Delivery;
+
+/// What a thread is handed: a delivery with the job permit taken before its
+/// receive (JQ-4). One type per mode, so a ring slot is only as large as
+/// its mode needs (a plain delivery moves without a `memcpy` call).
+trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
+    /// Whether the feeder waits until every ring has a free slot (by key:
+    /// it learns the ring only after taking the delivery) or any one.
+    const ALL_RINGS: bool;
+
+    /// The job and its ring (`free` had a slot); the delivery and its permit
+    /// back when it stops before the handler (settled by the feeder).
+    fn make(
+        unit: &Unit<B, S>,
+        delivery: DeliveryOf<B>,
+        permit: JobPermit,
+        free: usize,
+        n: usize,
+    ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)>;
+
+    /// The delivery, the body if the feeder decoded it, and the permit.
+    fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit);
 }
 
-type JobOf<B, S> =
-    Job<<<B as Broker>::Subscription as Subscription>::Delivery, <S as Subscriber>::Body>;
+/// A raw delivery, decoded by its thread, into the next ring with room.
+struct Raw<D>(D, JobPermit);
+
+impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
+    const ALL_RINGS: bool = false;
+
+    fn make(
+        _: &Unit<B, S>,
+        delivery: DeliveryOf<B>,
+        permit: JobPermit,
+        free: usize,
+        _: usize,
+    ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)> {
+        Ok((free, Raw(delivery, permit)))
+    }
+
+    fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit) {
+        (self.0, None, self.1)
+    }
+}
+
+/// A delivery the feeder decoded to route its key to one thread.
+struct Decoded<D, Body>(D, Body, JobPermit);
+
+impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
+    const ALL_RINGS: bool = true;
+
+    fn make(
+        unit: &Unit<B, S>,
+        delivery: DeliveryOf<B>,
+        permit: JobPermit,
+        _: usize,
+        n: usize,
+    ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)> {
+        match unit.check(&delivery) {
+            Checked::Body(body) => {
+                let key = unit.subscriber.key(&body, delivery.envelope());
+                Ok((slot(key, n), Decoded(delivery, body, permit)))
+            }
+            Checked::Early(early) => Err((delivery, early, permit)),
+        }
+    }
+
+    fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit) {
+        (self.0, Some(self.1), self.2)
+    }
+}
 
 struct Rings<T> {
     rings: Vec<Ring<T>>,
@@ -49,30 +110,31 @@ impl<T> Rings<T> {
         self.feeder.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A ring with a free slot (round robin from `cursor`), or — with `all` —
-    /// the moment every ring has one.
-    async fn wait_space(&self, all: bool, cursor: &mut usize) -> usize {
+    /// A ring with a free slot now (round robin from `cursor`), or — with
+    /// `all` — whether every ring has one.
+    fn find_space(&self, all: bool, cursor: &mut usize) -> Option<usize> {
+        if all {
+            return self.rings.iter().all(Ring::has_space).then_some(0);
+        }
         let n = self.rings.len();
-        let mut find = || {
-            if all {
-                self.rings.iter().all(Ring::has_space).then_some(0)
-            } else {
-                let i = (0..n)
-                    .map(|k| (*cursor + k) % n)
-                    .find(|&i| self.rings[i].has_space())?;
-                *cursor = (i + 1) % n;
-                Some(i)
-            }
-        };
+        let i = (0..n)
+            .map(|k| (*cursor + k) % n)
+            .find(|&i| self.rings[i].has_space())?;
+        *cursor = (i + 1) % n;
+        Some(i)
+    }
+
+    /// Waits for [`find_space`](Self::find_space).
+    async fn wait_space(&self, all: bool, cursor: &mut usize) -> usize {
         poll_fn(|cx| {
-            if let Some(i) = find() {
+            if let Some(i) = self.find_space(all, cursor) {
                 return Poll::Ready(i);
             }
             // Register, then look again: a ring that lost its full state in
             // between is seen now, one that loses it later wakes us (its
             // thread takes this lock after its pop).
             *self.feeder() = Some(cx.waker().clone());
-            match find() {
+            match self.find_space(all, cursor) {
                 Some(i) => {
                     *self.feeder() = None;
                     Poll::Ready(i)
@@ -94,12 +156,26 @@ impl<T> Rings<T> {
 
 pub(crate) async fn run<B: Broker, S: Subscriber>(
     unit: Arc<Unit<B, S>>,
-    mut subscription: B::Subscription,
+    subscription: B::Subscription,
     stop: Stop,
     n: usize,
     by_key: bool,
 ) {
-    let rings: Arc<Rings<JobOf<B, S>>> = Arc::new(Rings {
+    if by_key {
+        run_jobs::<B, S, Decoded<_, _>>(unit, subscription, stop, n).await;
+    } else {
+        run_jobs::<B, S, Raw<_>>(unit, subscription, stop, n).await;
+    }
+}
+
+async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
+    unit: Arc<Unit<B, S>>,
+    mut subscription: B::Subscription,
+    stop: Stop,
+    n: usize,
+) {
+    let by_key = J::ALL_RINGS;
+    let rings: Arc<Rings<J>> = Arc::new(Rings {
         rings: (0..n).map(|_| Ring::new()).collect(),
         feeder: Mutex::new(None),
     });
@@ -115,7 +191,9 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
                 .enable_all()
                 .build()
             {
-                Ok(runtime) => runtime.block_on(thread_loop(&thread_unit, &rings, index)),
+                Ok(runtime) => {
+                    runtime.block_on(thread_loop::<B, S, J>(&thread_unit, &rings, index))
+                }
                 Err(err) => {
                     tracing::error!(error = %err, "cannot start a dedicated thread's runtime")
                 }
@@ -130,31 +208,62 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
 
     let jobs = Arc::clone(unit.app.jobs());
     let closer = CloseOnDrop(&rings.rings);
+    // Threads that wait for the items pushed since the feeder last waited:
+    // woken together right before the feeder waits (or ends), one wake-up
+    // per batch rather than per delivery.
+    let mut wakes = Wakes(Vec::with_capacity(n));
     let mut cursor = 0;
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
     loop {
-        let target = tokio::select! {
-            biased;
-            target = rings.wait_space(by_key, &mut cursor) => target,
-            () = &mut stopped => break,
+        let target = match rings.find_space(by_key, &mut cursor) {
+            Some(target) => target,
+            None => {
+                wakes.flush();
+                tokio::select! {
+                    biased;
+                    target = rings.wait_space(by_key, &mut cursor) => target,
+                    () = &mut stopped => break,
+                }
+            }
         };
-        let Some(permit) = super::permit(&jobs, &stop).await else {
+        let permit = match jobs.try_acquire() {
+            Some(permit) => permit,
+            None => {
+                wakes.flush();
+                let Some(permit) = super::permit(&jobs, &stop).await else {
+                    break;
+                };
+                permit
+            }
+        };
+        if stop.is_stopped() {
             break;
+        }
+        let delivery = match at_hand(&mut subscription, &mut wakes).await {
+            Some(delivery) => delivery,
+            None => {
+                wakes.flush();
+                let Some(delivery) = wait_next(&mut subscription, stopped.as_mut()).await else {
+                    break;
+                };
+                delivery
+            }
         };
-        let Some(delivery) = next(&mut subscription, &stop).await else {
-            break;
-        };
-        if by_key {
-            let Some((delivery, body)) = unit.prepare(delivery).await else {
+        let (ring, job) = match J::make(&unit, delivery, permit, target, n) {
+            Ok(job) => job,
+            Err((delivery, early, permit)) => {
+                wakes.flush();
+                Box::pin(unit.settle_early(delivery, early)).await;
+                drop(permit);
                 continue;
-            };
-            let key = unit.subscriber.key(&body, delivery.envelope());
-            rings.rings[slot(key, n)].push(Job::Decoded(delivery, body, permit));
-        } else {
-            rings.rings[target].push(Job::Raw(delivery, permit));
+            }
+        };
+        if let Some(waker) = rings.rings[ring].push(job) {
+            wakes.0.push(waker);
         }
     }
+    drop(wakes);
     // Threads drain their rings (deliveries in hand are processed and
     // settled), then end.
     drop(closer);
@@ -163,27 +272,68 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
     }
 }
 
-async fn thread_loop<B: Broker, S: Subscriber>(
+async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
     unit: &Unit<B, S>,
-    rings: &Rings<JobOf<B, S>>,
+    rings: &Rings<J>,
     index: usize,
 ) {
     let ring = &rings.rings[index];
     while let Some(job) = ring.pop(|| rings.freed()).await {
         // JQ-4 step 5: the permit returns right before the handler (or after
-        // a malformed record's bounded processing).
-        match job {
-            Job::Raw(delivery, permit) => {
-                if let Some((delivery, body)) = unit.prepare(delivery).await {
+        // a malformed record's bounded processing). Each delivery runs inside
+        // this loop's own future (`invoke!`), never in a future moved into it.
+        let (delivery, body, permit) = job.into_parts();
+        let body = match body {
+            Some(body) => body,
+            None => match unit.check(&delivery) {
+                Checked::Body(body) => body,
+                Checked::Early(early) => {
+                    Box::pin(unit.settle_early(delivery, early)).await;
                     drop(permit);
-                    unit.invoke_local(delivery, body).await;
+                    continue;
                 }
-            }
-            Job::Decoded(delivery, body, permit) => {
-                drop(permit);
-                unit.invoke_local(delivery, body).await;
-            }
+            },
+        };
+        drop(permit);
+        invoke!(unit, delivery, handle(body));
+    }
+}
+
+/// The feeder's own take of [`sequential::at_hand`](super::sequential::at_hand):
+/// when the cooperative budget makes it yield, the threads it owes a wake-up
+/// are woken first.
+fn at_hand<'a, S: Subscription>(
+    subscription: &'a mut S,
+    wakes: &'a mut Wakes,
+) -> impl Future<Output = Option<S::Delivery>> + 'a {
+    poll_fn(move |cx| {
+        let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
+            wakes.flush();
+            return Poll::Pending;
+        };
+        let delivery = subscription.try_next();
+        if delivery.is_some() {
+            budget.made_progress();
         }
+        Poll::Ready(delivery)
+    })
+}
+
+/// Wakers of threads with new items, woken by [`flush`](Self::flush) or
+/// when the feeder ends however it ends.
+struct Wakes(Vec<Waker>);
+
+impl Wakes {
+    fn flush(&mut self) {
+        for waker in self.0.drain(..) {
+            waker.wake();
+        }
+    }
+}
+
+impl Drop for Wakes {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 

@@ -9,6 +9,7 @@
 //! idle worker.
 
 use std::future::poll_fn;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
@@ -51,6 +52,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         }));
     }
 
+    // One stop waiter for the whole loop: registered once, not per wait.
+    let mut stopped = pin!(stop.wait());
     loop {
         // No race with `stop` here: a worker always ends its delivery, and the
         // loop then sees the stop before it takes another one (`next`), so
@@ -59,10 +62,14 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             break;
         };
         // Permit before receive (JQ-4); it travels with the delivery.
-        let Some(permit) = super::permit(&jobs, &stop).await else {
-            break;
+        let permit = match jobs.try_acquire() {
+            Some(permit) => permit,
+            None => match super::permit(&jobs, &stop).await {
+                Some(permit) => permit,
+                None => break,
+            },
         };
-        let Some(delivery) = next(&mut subscription, &stop).await else {
+        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
             break;
         };
         pool.hand(id, (delivery, permit));

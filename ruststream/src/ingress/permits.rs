@@ -74,7 +74,12 @@ struct Tracker {
 /// The application job queue: one per running app, shared by every
 /// subscription (JQ-2).
 pub struct JobQueue {
+    /// The FIFO of waiting sources (JQ-7), and the permits no one took yet.
     permits: Semaphore,
+    /// Permits returned while no source waited: taken back without the
+    /// semaphore's lock. Whenever a source waits, they move to `permits`
+    /// (see [`release`](Self::release)), so a waiter is never passed over.
+    spare: AtomicUsize,
     max: usize,
     thresholds: Thresholds,
     in_use: AtomicUsize,
@@ -116,6 +121,7 @@ impl JobQueue {
         let (pause, resume) = settings.percents();
         Ok(Arc::new(JobQueue {
             permits: Semaphore::new(max),
+            spare: AtomicUsize::new(0),
             max,
             thresholds: Thresholds::new(max, pause, resume),
             in_use: AtomicUsize::new(0),
@@ -142,16 +148,17 @@ impl JobQueue {
     /// Waits for a permit: the oldest waiter is served first (JQ-7).
     /// Cancel-safe: a dropped wait takes nothing (JQ-11).
     pub async fn acquire(self: &Arc<Self>) -> JobPermit {
-        if let Ok(permit) = self.permits.try_acquire() {
-            permit.forget();
-        } else {
-            let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
-            self.waiters_gauge.set(waiters as f64);
-            let _waiting = Waiting(self);
-            match self.permits.acquire().await {
-                Ok(permit) => permit.forget(),
-                Err(_) => unreachable!("the job queue's semaphore is never closed"),
-            }
+        if let Some(permit) = self.try_acquire() {
+            return permit;
+        }
+        // SeqCst, before the spare permits move: pairs with `release`.
+        let waiters = self.waiters.fetch_add(1, Ordering::SeqCst) + 1;
+        self.waiters_gauge.set(waiters as f64);
+        let _waiting = Waiting(self);
+        self.return_spare();
+        match self.permits.acquire().await {
+            Ok(permit) => permit.forget(),
+            Err(_) => unreachable!("the job queue's semaphore is never closed"),
         }
         self.taken();
         JobPermit {
@@ -159,13 +166,45 @@ impl JobQueue {
         }
     }
 
-    /// A permit if one is free now.
+    /// A permit if one is free now and no source waits for one.
     pub fn try_acquire(self: &Arc<Self>) -> Option<JobPermit> {
-        self.permits.try_acquire().ok()?.forget();
+        if !self.take_spare() {
+            self.permits.try_acquire().ok()?.forget();
+        }
         self.taken();
         Some(JobPermit {
             queue: Arc::clone(self),
         })
+    }
+
+    /// Takes a spare permit, unless a source waits (it goes first).
+    #[inline]
+    fn take_spare(&self) -> bool {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        let mut spare = self.spare.load(Ordering::Relaxed);
+        while spare > 0 {
+            match self.spare.compare_exchange_weak(
+                spare,
+                spare - 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => spare = now,
+            }
+        }
+        false
+    }
+
+    /// Moves the spare permits to the semaphore, which hands them to the
+    /// waiters in order.
+    fn return_spare(&self) {
+        let spare = self.spare.swap(0, Ordering::SeqCst);
+        if spare > 0 {
+            self.permits.add_permits(spare);
+        }
     }
 
     fn taken(&self) {
@@ -178,7 +217,19 @@ impl JobQueue {
 
     fn release(&self) {
         let in_use = self.in_use.fetch_sub(1, Ordering::AcqRel) - 1;
-        self.permits.add_permits(1);
+        if self.waiters.load(Ordering::SeqCst) == 0 {
+            // No one waits: keep it spare, lock-free.
+            self.spare.fetch_add(1, Ordering::SeqCst);
+            // A source that started waiting meanwhile moved the spares
+            // before this one arrived, or is seen here (both sides SeqCst:
+            // its count goes up before it moves them, this permit before
+            // this look).
+            if self.waiters.load(Ordering::SeqCst) > 0 {
+                self.return_spare();
+            }
+        } else {
+            self.permits.add_permits(1);
+        }
         self.in_use_gauge.set(in_use as f64);
         if self.paused.load(Ordering::Acquire) && in_use <= self.thresholds.resume {
             self.recompute();
@@ -278,7 +329,7 @@ struct Waiting<'a>(&'a JobQueue);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let waiters = self.0.waiters.fetch_sub(1, Ordering::Relaxed) - 1;
+        let waiters = self.0.waiters.fetch_sub(1, Ordering::SeqCst) - 1;
         self.0.waiters_gauge.set(waiters as f64);
     }
 }

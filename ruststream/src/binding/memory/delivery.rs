@@ -37,26 +37,48 @@ impl Subscription for MemorySubscription {
             return None;
         }
         // Cooperative budget: a consumer with a backlog still lets the other
-        // tasks of its runtime run. Then the frame at hand, if any; the wait
-        // (with its notifications) only when the queue is empty.
-        let taken = poll_fn(|cx| {
-            let budget = ready!(tokio::task::coop::poll_proceed(cx));
-            budget.made_progress();
-            Poll::Ready(self.queue.try_pop())
+        // tasks of its runtime run. The runtime's loops looked for a frame at
+        // hand already (`try_next`), so this goes straight to the wait, which
+        // looks again once it is registered for a notification.
+        poll_fn(|cx| {
+            ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+            Poll::Ready(())
         })
         .await;
-        let env = match taken {
-            Some(taken) => taken?,
-            None => self.queue.wait_pop(&self.conn).await?,
-        };
-        Some(MemoryDelivery {
-            env: Some(env),
-            queue: Arc::clone(&self.queue),
-        })
+        let env = self.queue.wait_pop(&self.conn).await?;
+        Some(self.delivery(env))
+    }
+
+    fn try_next(&mut self) -> Option<MemoryDelivery> {
+        if self.queue.looks_empty() {
+            // `next` waits, and looks again under the lock.
+            return None;
+        }
+        let env = self.at_hand()??;
+        Some(self.delivery(env))
     }
 }
 
 impl MemorySubscription {
+    /// `Some(Some(frame))`; `Some(None)` once the subscription ended (its
+    /// connection closed, or its queue closed and drained); `None` when the
+    /// queue is empty.
+    #[inline]
+    fn at_hand(&self) -> Option<Option<Envelope>> {
+        if self.conn.is_closed() {
+            return Some(None);
+        }
+        self.queue.try_pop()
+    }
+
+    #[inline]
+    fn delivery(&self, env: Envelope) -> MemoryDelivery {
+        MemoryDelivery {
+            env: Some(env),
+            queue: Arc::clone(&self.queue),
+        }
+    }
+
     /// A requester whose replies come back through this subscription's own
     /// receive FIFO: the single-lane request/reply mode (ClientServer
     /// DEALER-ROUTER in the spec). Data queued before a reply is received
@@ -171,6 +193,11 @@ impl Delivery for MemoryDelivery {
     async fn ack(mut self) -> Result<()> {
         self.take();
         Ok(())
+    }
+
+    fn try_ack(mut self) -> std::result::Result<Result<()>, Self> {
+        self.take();
+        Ok(Ok(()))
     }
 
     async fn nack(mut self) -> Result<()> {

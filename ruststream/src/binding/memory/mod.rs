@@ -34,8 +34,11 @@
 //! ```
 
 mod delivery;
+mod inbox;
 mod queue;
+mod readers;
 mod registry;
+mod route_cache;
 mod shared;
 mod subject;
 
@@ -47,16 +50,17 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 pub use delivery::{LaneRequester, MemoryDelivery, MemorySubscription};
 
+use self::inbox::Inbox;
 use self::queue::{MemberFlow, Queue, Refused};
 pub use self::queue::{QueueStats, ROUND_RECORDS, ReceiveRound};
 use self::registry::{Registry, Targets};
 use self::shared::BrokerShared;
 use crate::binding::{Broker, Requester, SubscribeOptions};
+use crate::text::Part;
 use crate::{CoreHwm, Envelope, Error, Message, Result, Text};
 
 static NEXT_BROKER_ID: AtomicU64 = AtomicU64::new(1);
@@ -77,7 +81,6 @@ pub(crate) struct Connection {
     /// The peer id its publishes are accounted under (JQ-24 item 9).
     id: u64,
     closed: AtomicBool,
-    on_close: tokio::sync::Notify,
 }
 
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
@@ -87,36 +90,27 @@ impl Connection {
         Arc::new(Connection {
             id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
             closed: AtomicBool::new(false),
-            on_close: tokio::sync::Notify::new(),
         })
     }
 
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
-
-    /// Resolves once the connection is closed.
-    pub(crate) async fn closed(&self) {
-        loop {
-            let mut notified = std::pin::pin!(self.on_close.notified());
-            notified.as_mut().enable();
-            if self.is_closed() {
-                return;
-            }
-            notified.await;
-        }
-    }
 }
 
 pub(crate) struct Inner {
+    /// Unique per broker, for the per-thread route cache.
+    id: u64,
     shared: Arc<BrokerShared>,
     registry: RwLock<Registry>,
+    /// Bumped by every registry change, under its write lock: cached routes
+    /// from an older generation are stale ([`route_cache`]).
+    generation: AtomicU64,
     budget: usize,
     round: ReceiveRound,
     publish_timeout: Duration,
     inbox_prefix: String,
-    next_inbox: AtomicU64,
-    inbox: Mutex<HashMap<u64, oneshot::Sender<Envelope>>>,
+    inbox: Inbox,
     /// Single-lane reply queues by queue id (see [`MemorySubscription::requester`]).
     reply_lanes: Mutex<HashMap<u64, std::sync::Weak<Queue>>>,
     next_queue: AtomicU64,
@@ -187,6 +181,8 @@ impl MemoryBrokerBuilder {
         let id = NEXT_BROKER_ID.fetch_add(1, Ordering::Relaxed);
         MemoryBroker {
             inner: Arc::new(Inner {
+                id,
+                generation: AtomicU64::new(0),
                 shared: Arc::new(BrokerShared::new(
                     self.hwm.effective_memory_limit_bytes(),
                     self.max_publish_waiters,
@@ -196,8 +192,7 @@ impl MemoryBrokerBuilder {
                 round: self.round,
                 publish_timeout: self.publish_timeout,
                 inbox_prefix: format!("_INBOX.{id}."),
-                next_inbox: AtomicU64::new(1),
-                inbox: Mutex::new(HashMap::new()),
+                inbox: Inbox::default(),
                 reply_lanes: Mutex::new(HashMap::new()),
                 next_queue: AtomicU64::new(1),
             }),
@@ -279,8 +274,11 @@ impl MemoryBroker {
 }
 
 impl Inner {
+    /// The registry, to change it: cached routes go stale.
     pub(crate) fn registry_write(&self) -> RwLockWriteGuard<'_, Registry> {
-        self.registry.write().unwrap_or_else(|e| e.into_inner())
+        let registry = self.registry.write().unwrap_or_else(|e| e.into_inner());
+        self.generation.fetch_add(1, Ordering::Release);
+        registry
     }
 
     fn registry_read(&self) -> RwLockReadGuard<'_, Registry> {
@@ -306,6 +304,7 @@ impl Inner {
     ) -> Publish<'a, 's> {
         Publish {
             inner: self,
+            request: false,
             state: PublishState::Start {
                 peer: conn.map_or(0, |conn| conn.id),
                 conn,
@@ -319,24 +318,51 @@ impl Inner {
     /// Routes and admits `message` without waiting: `Stalled::Full` at the
     /// first target queue that has no room (the ones before it keep the
     /// frame, as with a waiting publish).
-    fn publish_now(&self, peer: u64, subject: &str, message: Message) -> Result<(), Stalled> {
+    /// `request`: a subject with no subscribers fails with `NoResponders`
+    /// rather than dropping the message.
+    fn publish_now(
+        &self,
+        peer: u64,
+        subject: &str,
+        message: Message,
+        request: bool,
+    ) -> Result<(), Stalled> {
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some(route) = route_cache::get(self.id, generation, subject) {
+            // A queue that left since is skipped (see `route_cache`).
+            return push_now(peer, &route.queues, &route.subject, message, true).map_err(|stall| {
+                stall.into_stalled(peer, || Targets::Shared(Arc::clone(&route)), &route.subject)
+            });
+        }
         let registry = self.registry_read();
         let targets = match registry.exact(subject) {
             Ok(Some(route)) => {
-                return push_now(peer, &route.queues, &route.subject, message).map_err(|stall| {
-                    stall.into_stalled(peer, || Targets::Shared(Arc::clone(route)), &route.subject)
-                });
+                // Read under the lock: no change can come between.
+                let generation = self.generation.load(Ordering::Acquire);
+                route_cache::put(self.id, generation, route);
+                return push_now(peer, &route.queues, &route.subject, message, false).map_err(
+                    |stall| {
+                        stall.into_stalled(
+                            peer,
+                            || Targets::Shared(Arc::clone(route)),
+                            &route.subject,
+                        )
+                    },
+                );
             }
             Ok(None) => None,
             Err(()) => registry.targets(subject),
         };
         drop(registry);
         let Some(targets) = targets else {
+            if request {
+                return Err(Stalled::Failed(Error::NoResponders(subject.to_owned())));
+            }
             tracing::trace!(subject, "no subscribers; message dropped");
             return Ok(());
         };
         let subject = Text::from(subject);
-        push_now(peer, targets.queues(), &subject, message)
+        push_now(peer, targets.queues(), &subject, message, false)
             .map_err(|stall| stall.into_stalled(peer, || targets, &subject))
     }
     /// The single-lane queue a reply to `{prefix}L<queue>.<id>` goes to.
@@ -370,20 +396,10 @@ impl Inner {
     /// Completion supply (JQ-6): a reply goes straight to its waiting caller.
     /// A reply for a request that already ended is dropped: first terminal wins.
     fn complete(&self, id: &str, subject: &str, message: Message) {
-        let waiter = id.parse::<u64>().ok().and_then(|id| {
-            self.inbox
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id)
-        });
-        match waiter {
-            Some(tx) => {
-                let _ = tx.send(Envelope::new(Text::from(subject), message));
-            }
-            None => {
-                crate::metrics::late_reply("memory");
-                tracing::debug!(subject, "late or unknown reply dropped");
-            }
+        let completed = inbox::parse_id(id).is_some_and(|id| self.inbox.complete(id, message));
+        if !completed {
+            crate::metrics::late_reply("memory");
+            tracing::debug!(subject, "late or unknown reply dropped");
         }
     }
 }
@@ -412,7 +428,19 @@ impl Deadline {
 /// poll rather than nested `async` state.
 pub(crate) struct Publish<'a, 's> {
     inner: &'a Inner,
+    /// A request: no subscribers is `NoResponders`, and an inbox subject is
+    /// no reply.
+    request: bool,
     state: PublishState<'a, 's>,
+}
+
+impl Publish<'_, '_> {
+    /// Makes this the publish of a request (see [`Publish::request`]): the
+    /// route lookup that admits it also finds whether anyone responds.
+    fn request(mut self) -> Self {
+        self.request = true;
+        self
+    }
 }
 
 enum PublishState<'a, 's> {
@@ -453,6 +481,7 @@ impl Future for Publish<'_, '_> {
                 // Inbox subjects start with `_`: one byte compare on every
                 // publish, the whole prefix only for candidates.
                 if subject.as_bytes().first() == Some(&b'_')
+                    && !this.request
                     && subject.starts_with(inner.inbox_prefix.as_str())
                 {
                     let PublishState::Start {
@@ -477,7 +506,7 @@ impl Future for Publish<'_, '_> {
                         return Poll::Ready(Ok(()));
                     };
                     let subject = Text::from(subject);
-                    match push_now(peer, std::slice::from_ref(&queue), &subject, message) {
+                    match push_now(peer, std::slice::from_ref(&queue), &subject, message, false) {
                         Ok(()) => return Poll::Ready(Ok(())),
                         Err(stall) => {
                             match stall.into_stalled(peer, || Targets::Owned(vec![queue]), &subject)
@@ -503,7 +532,7 @@ impl Future for Publish<'_, '_> {
                     else {
                         unreachable!("in the start state")
                     };
-                    match inner.publish_now(peer, subject, message) {
+                    match inner.publish_now(peer, subject, message, this.request) {
                         Ok(()) => return Poll::Ready(Ok(())),
                         Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
                         Err(Stalled::Full(waiting)) => {
@@ -595,7 +624,8 @@ impl PushStall {
 }
 
 /// Offers the frame to every queue in order without waiting, stopping at
-/// the first one that refuses it.
+/// the first one that refuses it. With `skip_closed`, a closed queue (one
+/// that left the route since it was cached) is passed over.
 // The refused frame comes back by value: boxing it would allocate on the path
 // that is already under pressure.
 #[allow(clippy::result_large_err)]
@@ -604,6 +634,7 @@ fn push_now(
     queues: &[Arc<Queue>],
     subject: &Text,
     message: Message,
+    skip_closed: bool,
 ) -> Result<(), PushStall> {
     let Some((last, rest)) = queues.split_last() else {
         return Ok(());
@@ -611,6 +642,7 @@ fn push_now(
     for (at, queue) in rest.iter().enumerate() {
         match queue.try_push(peer, Envelope::new(subject.clone(), message.clone())) {
             Ok(()) => {}
+            Err(Refused::Closed) if skip_closed => {}
             Err(Refused::Closed) => return Err(PushStall::Closed),
             Err(Refused::Full(env)) => {
                 return Err(PushStall::Full {
@@ -623,6 +655,7 @@ fn push_now(
     }
     match last.try_push(peer, Envelope::new(subject.clone(), message)) {
         Ok(()) => Ok(()),
+        Err(Refused::Closed) if skip_closed => Ok(()),
         Err(Refused::Closed) => Err(PushStall::Closed),
         Err(Refused::Full(env)) => Err(PushStall::Full {
             at: rest.len(),
@@ -733,13 +766,17 @@ impl Broker for MemoryBroker {
     /// `Closed`. Other connections to the same server are not affected.
     async fn close(&self) -> Result<()> {
         if !self.conn.closed.swap(true, Ordering::AcqRel) {
-            self.conn.on_close.notify_waiters();
+            // Consumers wait on their queue alone: wake them all to look at
+            // their connection (other connections' go back to waiting).
+            for queue in self.inner.registry_read().queues() {
+                queue.wake_readers();
+            }
         }
         Ok(())
     }
 }
 
-/// Removes a request's inbox entry however the request ends.
+/// Releases a request's inbox slot however the request ends.
 struct InboxGuard<'a> {
     inner: &'a Inner,
     id: u64,
@@ -747,11 +784,25 @@ struct InboxGuard<'a> {
 
 impl Drop for InboxGuard<'_> {
     fn drop(&mut self) {
-        self.inner
-            .inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
+        self.inner.inbox.close(self.id);
+    }
+}
+
+/// `{prefix}{id}`, or `{prefix}L{queue}.{id}` for a single-lane reply: one
+/// allocation, shared by the request and the inbox slot.
+fn inbox_subject(prefix: &str, lane: Option<u64>, id: u64) -> Text {
+    let [slot, dash, generation] = inbox::id_parts(id);
+    match lane {
+        None => Text::concat_shared(&[Part::Str(prefix), slot, dash, generation]),
+        Some(queue) => Text::concat_shared(&[
+            Part::Str(prefix),
+            Part::Str("L"),
+            Part::Decimal(queue),
+            Part::Str("."),
+            slot,
+            dash,
+            generation,
+        ]),
     }
 }
 
@@ -778,22 +829,11 @@ impl MemoryBroker {
     ) -> Result<Envelope> {
         let inner = &*self.inner;
         self.ensure_open()?;
-        if inner.registry_read().targets(subject).is_none() {
-            return Err(Error::NoResponders(subject.to_owned()));
-        }
         let deadline = Instant::now() + timeout;
-        let id = inner.next_inbox.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        inner
+        let (id, reply_to) = inner
             .inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, tx);
+            .open(|id| inbox_subject(&inner.inbox_prefix, lane, id));
         let _guard = InboxGuard { inner, id };
-        let reply_to = match lane {
-            None => format!("{}{id}", inner.inbox_prefix),
-            Some(queue) => format!("{}L{queue}.{id}", inner.inbox_prefix),
-        };
         inner
             .publish(
                 Some(&self.conn),
@@ -801,12 +841,12 @@ impl MemoryBroker {
                 message.with_reply_to(reply_to),
                 Deadline::At(deadline),
             )
+            .request()
             .await?;
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(_)) => Err(Error::Closed("memory broker closed before the reply")),
-            Err(_) => Err(Error::Timeout(timeout)),
-        }
+        let reply = std::future::poll_fn(|cx| inner.inbox.poll_reply(id, cx));
+        tokio::time::timeout_at(deadline, reply)
+            .await
+            .map_err(|_| Error::Timeout(timeout))
     }
 }
 

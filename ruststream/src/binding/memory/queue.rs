@@ -19,12 +19,12 @@ use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::readers::Readers;
 use super::{BrokerShared, Connection};
 use crate::{Envelope, Error, Result, Text};
 
@@ -111,6 +111,8 @@ struct State {
     closed: bool,
     /// Members whose receive flow is paused (JQ-15).
     paused_members: usize,
+    /// Consumers waiting for a frame: one is woken per admitted frame.
+    readers: Readers,
 }
 
 impl State {
@@ -235,8 +237,11 @@ pub(crate) struct Queue {
     /// Subjects of single-lane replies start with this.
     reply_prefix: Text,
     state: Mutex<State>,
-    /// Consumers wait here; one notification per admitted frame.
-    readable: Notify,
+    /// Frames queued, kept under the lock and read without it, so a consumer
+    /// finds an empty queue without locking it ([`try_pop`](Self::try_pop)
+    /// with `hint`). Only a hint: an empty-looking queue sends the consumer to
+    /// its wait, which looks again under the lock.
+    frames: AtomicUsize,
     /// `CoreHwmBudgetBytes` for each peer's lane.
     budget: usize,
     round: ReceiveRound,
@@ -296,8 +301,9 @@ impl Queue {
                 round: Round::default(),
                 closed: false,
                 paused_members: 0,
+                readers: Readers::default(),
             }),
-            readable: Notify::new(),
+            frames: AtomicUsize::new(0),
             budget,
             round,
             members: AtomicUsize::new(0),
@@ -352,8 +358,12 @@ impl Queue {
         }
         lane.bytes += len;
         lane.items.push_back(env);
+        self.frames.fetch_add(1, Ordering::Relaxed);
+        let reader = state.readers.take_one();
         drop(state);
-        self.readable.notify_one();
+        if let Some(reader) = reader {
+            reader.wake();
+        }
         Ok(())
     }
 
@@ -444,33 +454,54 @@ impl Queue {
         let lane = &mut state.lanes[cursor];
         lane.bytes += len;
         lane.items.push_front(env);
+        self.frames.fetch_add(1, Ordering::Relaxed);
+        let reader = state.readers.take_one();
         drop(state);
-        self.readable.notify_one();
+        if let Some(reader) = reader {
+            reader.wake();
+        }
         true
     }
 
-    /// Waits for a frame after [`try_pop`](Self::try_pop) found the queue
-    /// empty: `None` once closed and drained, or once `conn` closes while
-    /// waiting. The frame is polled first, then the connection: a frame
-    /// already signalled wins over a close that races it.
+    /// Waits for a frame: `None` once closed and drained, or once `conn`
+    /// closes while waiting. A frame at hand wins over a close that races
+    /// it. Looking and registering happen in one lock (see [`Readers`]); a
+    /// closing connection wakes the readers of every queue
+    /// ([`wake_readers`](Self::wake_readers)).
     pub(crate) async fn wait_pop(&self, conn: &Connection) -> Option<Envelope> {
-        let mut closed = pin!(conn.closed());
-        loop {
-            let mut readable = pin!(self.readable.notified());
-            readable.as_mut().enable();
-            if let Some(taken) = self.try_pop() {
-                return taken;
-            }
-            let woken = poll_fn(|cx| {
-                if readable.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(true);
-                }
-                closed.as_mut().poll(cx).map(|()| false)
-            })
-            .await;
-            if !woken {
-                return None;
-            }
+        let mut reader = Reader {
+            queue: self,
+            token: None,
+        };
+        poll_fn(|cx| self.poll_pop(conn, &mut reader.token, cx)).await
+    }
+
+    fn poll_pop(
+        &self,
+        conn: &Connection,
+        token: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Envelope>> {
+        let mut state = self.lock();
+        if let Some((env, len)) = state.pop(&self.round) {
+            // Done waiting: nothing for the `Reader` to hand on.
+            state.readers.forget(token.take());
+            self.taken(state, len);
+            return Poll::Ready(Some(env));
+        }
+        if state.closed || conn.is_closed() {
+            state.readers.forget(token.take());
+            return Poll::Ready(None);
+        }
+        state.readers.register(token, cx.waker());
+        Poll::Pending
+    }
+
+    /// Wakes every consumer waiting on this queue, to look again.
+    pub(crate) fn wake_readers(&self) {
+        let readers = self.lock().readers.take_all();
+        for reader in readers {
+            reader.wake();
         }
     }
 
@@ -478,21 +509,35 @@ impl Queue {
     pub(crate) fn try_pop(&self) -> Option<Option<Envelope>> {
         let mut state = self.lock();
         if let Some((env, len)) = state.pop(&self.round) {
-            if self.carries_replies.load(Ordering::Relaxed) {
-                // Replies that reached a head with this pop complete now.
-                let (replies, bytes) = state.take_head_replies(&self.reply_prefix);
-                drop(state);
-                self.shared.release(len + bytes);
-                for reply in replies {
-                    self.complete(reply);
-                }
-                return Some(Some(env));
-            }
-            drop(state);
-            self.shared.release(len);
+            self.taken(state, len);
             return Some(Some(env));
         }
         state.closed.then_some(None)
+    }
+
+    /// The bookkeeping of a frame of `len` bytes just popped under `state`.
+    #[inline]
+    fn taken(&self, mut state: MutexGuard<'_, State>, len: usize) {
+        if self.carries_replies.load(Ordering::Relaxed) {
+            // Replies that reached a head with this pop complete now.
+            let (replies, bytes) = state.take_head_replies(&self.reply_prefix);
+            self.frames.fetch_sub(1 + replies.len(), Ordering::Relaxed);
+            drop(state);
+            self.shared.release(len + bytes);
+            for reply in replies {
+                self.complete(reply);
+            }
+            return;
+        }
+        self.frames.fetch_sub(1, Ordering::Relaxed);
+        drop(state);
+        self.shared.release(len);
+    }
+
+    /// Whether the queue looks empty, without locking it: a consumer that
+    /// sees it empty goes to [`wait_pop`](Self::wait_pop), which looks again.
+    pub(crate) fn looks_empty(&self) -> bool {
+        self.frames.load(Ordering::Relaxed) == 0
     }
 
     pub(crate) fn join(&self) {
@@ -535,10 +580,14 @@ impl Queue {
         state.closed = true;
         let bytes: usize = state.lanes.iter().map(|l| l.bytes).sum();
         state.lanes = vec![Lane::new(0)];
+        self.frames.store(0, Ordering::Relaxed);
         state.cursor = 0;
+        let readers = state.readers.take_all();
         drop(state);
         self.shared.release(bytes);
-        self.readable.notify_waiters();
+        for reader in readers {
+            reader.wake();
+        }
     }
 
     pub(crate) fn stats(&self) -> QueueStats {
@@ -551,6 +600,34 @@ impl Queue {
             bytes: state.lanes.iter().map(|l| l.bytes).sum(),
             peers: state.lanes.iter().filter(|l| !l.items.is_empty()).count(),
             receive_paused: self.paused(&state),
+        }
+    }
+}
+
+/// A consumer's place among a queue's [`Readers`] while it waits. Dropped
+/// after it was woken for a frame it never took (its wait was cancelled),
+/// it hands the wake-up on, so the frame does not sit while others wait.
+struct Reader<'a> {
+    queue: &'a Queue,
+    token: Option<u64>,
+}
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        if self.token.is_none() {
+            return;
+        }
+        let mut state = self.queue.lock();
+        if state.readers.forget(self.token) {
+            return;
+        }
+        // Woken (taken off the list) but gone: pass it on if frames wait.
+        let next = (self.queue.frames.load(Ordering::Relaxed) > 0)
+            .then(|| state.readers.take_one())
+            .flatten();
+        drop(state);
+        if let Some(next) = next {
+            next.wake();
         }
     }
 }

@@ -1,0 +1,202 @@
+//! The memory Core's waiting requests (JQ-6): one reusable slot per request
+//! in flight, so a round trip allocates no waiter of its own (no channel, no
+//! map entry). A request's id names its slot and the slot's generation, so a
+//! late or duplicate reply never completes a later request that reuses the
+//! slot: first terminal wins.
+
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use crate::text::Part;
+use crate::{Envelope, Message, Text};
+
+/// How id `id` reads in a reply subject: `{slot}-{generation}`, two short
+/// hexadecimal numbers (the id itself, generation << 32 | slot, would run to
+/// 13 decimal digits and more once a slot is reused).
+pub(crate) fn id_parts(id: u64) -> [Part<'static>; 3] {
+    [
+        Part::Hex(id & u64::from(u32::MAX)),
+        Part::Str("-"),
+        Part::Hex(id >> 32),
+    ]
+}
+
+/// The id [`id_parts`] wrote. By hand, in one pass: it runs for every
+/// reply.
+pub(crate) fn parse_id(text: &str) -> Option<u64> {
+    // (value, digits) of the slot, then of the generation after the dash.
+    let mut parts = [(0u64, 0u32); 2];
+    let mut at = 0;
+    for &byte in text.as_bytes() {
+        let digit = match byte {
+            b'0'..=b'9' => byte - b'0',
+            b'a'..=b'f' => byte - b'a' + 10,
+            b'-' if at == 0 => {
+                at = 1;
+                continue;
+            }
+            _ => return None,
+        };
+        let (value, digits) = &mut parts[at];
+        *value = *value << 4 | u64::from(digit);
+        *digits += 1;
+        if *digits > 8 {
+            return None;
+        }
+    }
+    let [(slot, slot_digits), (generation, generation_digits)] = parts;
+    (at == 1 && slot_digits > 0 && generation_digits > 0).then_some(generation << 32 | slot)
+}
+
+#[derive(Default)]
+pub(crate) struct Inbox {
+    state: Mutex<Slots>,
+}
+
+#[derive(Default)]
+struct Slots {
+    slots: Vec<Slot>,
+    /// Slots no request uses now.
+    free: Vec<u32>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// Bumped whenever the slot is released, so old ids stop matching.
+    generation: u32,
+    open: bool,
+    /// The reply subject of the request: the subject its reply arrives with.
+    subject: Text,
+    reply: Option<Envelope>,
+    waker: Option<Waker>,
+}
+
+impl Inbox {
+    fn lock(&self) -> MutexGuard<'_, Slots> {
+        // No user code runs under this lock: a poisoned lock is consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens a slot for a new request: its id, and its reply subject as
+    /// `subject` makes it from the id.
+    pub(crate) fn open(&self, subject: impl FnOnce(u64) -> Text) -> (u64, Text) {
+        let mut state = self.lock();
+        let index = match state.free.pop() {
+            Some(index) => index,
+            None => {
+                state.slots.push(Slot::default());
+                (state.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut state.slots[index as usize];
+        let id = u64::from(slot.generation) << 32 | u64::from(index);
+        let subject = subject(id);
+        slot.open = true;
+        slot.subject = subject.clone();
+        (id, subject)
+    }
+
+    /// Hands `message` to the request `id` if it still waits and has no
+    /// reply yet; `false` for a late, duplicate or unknown reply.
+    pub(crate) fn complete(&self, id: u64, message: Message) -> bool {
+        let mut state = self.lock();
+        let Some(slot) = Self::slot(&mut state, id) else {
+            return false;
+        };
+        if slot.reply.is_some() {
+            return false;
+        }
+        slot.reply = Some(Envelope::new(slot.subject.clone(), message));
+        let waker = slot.waker.take();
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        true
+    }
+
+    /// The reply of request `id`, once it arrived.
+    pub(crate) fn poll_reply(&self, id: u64, cx: &mut Context<'_>) -> Poll<Envelope> {
+        let mut state = self.lock();
+        let Some(slot) = Self::slot(&mut state, id) else {
+            unreachable!("a request's slot stays open until the request ends")
+        };
+        if let Some(reply) = slot.reply.take() {
+            return Poll::Ready(reply);
+        }
+        match &mut slot.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            waker => *waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// Releases the slot of request `id`, however the request ended.
+    pub(crate) fn close(&self, id: u64) {
+        let mut state = self.lock();
+        let Some(slot) = Self::slot(&mut state, id) else {
+            return;
+        };
+        let released = (
+            slot.reply.take(),
+            slot.waker.take(),
+            std::mem::take(&mut slot.subject),
+        );
+        slot.open = false;
+        slot.generation = slot.generation.wrapping_add(1);
+        state.free.push(id as u32);
+        drop(state);
+        // Dropped outside the lock (a waker's drop may run any code).
+        drop(released);
+    }
+
+    fn slot(state: &mut Slots, id: u64) -> Option<&mut Slot> {
+        let slot = state.slots.get_mut(id as u32 as usize)?;
+        (slot.open && u64::from(slot.generation) == id >> 32).then_some(slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll, Waker};
+
+    use super::{Inbox, parse_id};
+    use crate::{Message, Text};
+
+    fn subject(id: u64) -> Text {
+        Text::from(format!("_INBOX.1.{id}"))
+    }
+
+    #[test]
+    fn a_reply_for_a_released_slot_never_completes_the_request_that_reuses_it() {
+        let inbox = Inbox::default();
+        let (old, _) = inbox.open(subject);
+        inbox.close(old);
+        let (new, reply_to) = inbox.open(subject);
+        assert_eq!(new as u32, old as u32, "the slot is reused");
+        assert!(
+            !inbox.complete(old, Message::new("stale")),
+            "old generation"
+        );
+        assert!(inbox.complete(new, Message::new("fresh")));
+        assert!(!inbox.complete(new, Message::new("again")), "first wins");
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(reply) = inbox.poll_reply(new, &mut cx) else {
+            panic!("the reply arrived");
+        };
+        assert_eq!(reply.payload(), "fresh".as_bytes());
+        assert_eq!(reply.subject(), &reply_to);
+        inbox.close(new);
+        assert!(!inbox.complete(new, Message::new("late")));
+    }
+
+    #[test]
+    fn ids_read_back_from_their_subject_text() {
+        for id in [0, 7, 1 << 32, (41 << 32) | 12, u64::MAX] {
+            let text = Text::concat_shared(&super::id_parts(id));
+            assert_eq!(parse_id(&text), Some(id), "{text}");
+        }
+        assert_eq!(parse_id("12"), None);
+        assert_eq!(parse_id("x-1"), None);
+    }
+}

@@ -1,0 +1,60 @@
+//! The last exact route each thread published to, so a publisher that keeps
+//! publishing to one subject skips the registry's lock and hash lookup.
+//!
+//! An entry is good while the registry's generation is the one it was
+//! cached under: every registry change (subscribe, a queue's last member
+//! leaving) bumps the generation under the write lock, so a publish that
+//! starts after a subscribe returned never uses a route from before it. A
+//! publish racing an unsubscribe may still reach the queue that is leaving;
+//! it finds the queue closed and skips it, as if it had come just after.
+//! An entry keeps its route's queues allocated (a closed queue holds no
+//! frames) until the thread publishes to another subject or ends.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use super::registry::Route;
+use crate::Text;
+
+struct Cached {
+    broker: u64,
+    generation: u64,
+    subject: Text,
+    route: Arc<Route>,
+}
+
+thread_local! {
+    static LAST: RefCell<Option<Cached>> = const { RefCell::new(None) };
+}
+
+/// The route of `subject` on broker `broker`, if this thread cached it under
+/// `generation`.
+#[inline]
+pub(crate) fn get(broker: u64, generation: u64, subject: &str) -> Option<Arc<Route>> {
+    LAST.try_with(|last| {
+        let last = last.try_borrow().ok()?;
+        let cached = last.as_ref()?;
+        (cached.broker == broker
+            && cached.generation == generation
+            && cached.subject.as_str() == subject)
+            .then(|| Arc::clone(&cached.route))
+    })
+    .ok()
+    .flatten()
+}
+
+/// Caches `route` as found under `generation` (read under the registry's
+/// lock).
+pub(crate) fn put(broker: u64, generation: u64, route: &Arc<Route>) {
+    let replaced = LAST.try_with(|last| {
+        let mut last = last.try_borrow_mut().ok()?;
+        last.replace(Cached {
+            broker,
+            generation,
+            subject: route.subject.clone(),
+            route: Arc::clone(route),
+        })
+    });
+    // The entry it replaced is dropped here, with the cell released.
+    drop(replaced);
+}
