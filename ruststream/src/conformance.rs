@@ -50,9 +50,10 @@ pub struct Capabilities {
     pub dead_letter: bool,
     /// `*` and `>` in subscriptions.
     pub wildcards: bool,
-    /// The broker counts every return of a delivery as an attempt (RabbitMQ
-    /// quorum queues), including one from a consumer's channel closing, so
-    /// a dropped consumer's redelivery may come with more than attempt + 1.
+    /// The broker counts every delivery or return as an attempt (JetStream,
+    /// RabbitMQ quorum queues), including one to a consumer that is going
+    /// away, so a dropped consumer's redelivery may come with more than
+    /// attempt + 1.
     pub counts_returns: bool,
 }
 

@@ -70,8 +70,13 @@ impl Harness for Js {
 
     fn capabilities(&self) -> Capabilities {
         // Replies to a stream subject would be the stream's own publish
-        // acknowledgements: request/reply is core NATS's job.
-        Capabilities::all().without_request_reply()
+        // acknowledgements: request/reply is core NATS's job. The server
+        // counts every delivery, also one to the pull request a dropped
+        // consumer still had open, so a dropped consumer's redelivery may
+        // come with more than attempt + 1.
+        Capabilities::all()
+            .without_request_reply()
+            .counting_returns()
     }
 
     async fn connect(&self, prefix: &str) -> Result<JetStream> {
