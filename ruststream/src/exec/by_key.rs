@@ -72,12 +72,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         }
         // Permit before receive (JQ-4); it travels with the delivery into
         // the owner FIFO.
-        let permit = match jobs.try_acquire() {
-            Some(permit) => permit,
-            None => match super::permit(&jobs, &stop).await {
-                Some(permit) => permit,
-                None => break,
-            },
+        let Some(permit) = super::take_permit!(&jobs, &stop) else {
+            break;
         };
         let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
             break;

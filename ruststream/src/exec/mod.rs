@@ -21,6 +21,19 @@ use std::sync::Arc;
 use crate::ingress::{JobPermit, JobQueue};
 use stop::Stop;
 
+/// [`permit`] with its common case inline: a free permit is taken without
+/// building the wait's future (it is on every delivery's path). `None`
+/// when `stop` came first.
+macro_rules! take_permit {
+    ($jobs:expr, $stop:expr) => {
+        match $jobs.try_acquire() {
+            Some(permit) => Some(permit),
+            None => $crate::exec::permit($jobs, $stop).await,
+        }
+    };
+}
+pub(crate) use take_permit;
+
 /// JQ-4 step 1: a job permit before the next record is taken from the
 /// binding, unless `stop` comes first. The oldest waiting source is served
 /// first (JQ-7); a cancelled wait takes nothing (JQ-11).

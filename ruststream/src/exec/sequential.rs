@@ -65,12 +65,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let mut stopped = pin!(stop.wait());
     loop {
         // JQ-4 step 1; the wait (with its stop race) only when none is free.
-        let permit = match jobs.try_acquire() {
-            Some(permit) => permit,
-            None => match super::permit(&jobs, &stop).await {
-                Some(permit) => permit,
-                None => break,
-            },
+        let Some(permit) = super::take_permit!(&jobs, &stop) else {
+            break;
         };
         let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
             break;
