@@ -308,6 +308,20 @@ async fn subscribe<B: Broker>(
     broker.subscribe(options).await.map_err(failed("subscribe"))
 }
 
+/// A queue-group member of `subject`, and the delivery of one `payload`
+/// published to it.
+async fn one_to_a_worker<B: Broker>(
+    broker: &B,
+    subject: &str,
+    payload: &str,
+    what: &str,
+) -> std::result::Result<(B::Subscription, <B::Subscription as Subscription>::Delivery), String> {
+    let mut sub = subscribe(broker, SubscribeOptions::new(subject).queue_group("w")).await?;
+    publish(broker, subject, payload).await?;
+    let delivery = next(&mut sub, what).await?;
+    Ok((sub, delivery))
+}
+
 async fn publish_order_per_subject<B: Broker>(broker: &B, p: &str) -> Outcome {
     let subject = format!("{p}.orders");
     let mut sub = subscribe(broker, SubscribeOptions::new(subject.as_str())).await?;
@@ -378,13 +392,7 @@ async fn fan_out_and_queue_groups<B: Broker>(broker: &B, p: &str) -> Outcome {
 
 async fn ack_never_redelivers<B: Broker>(broker: &B, p: &str) -> Outcome {
     let subject = format!("{p}.ack");
-    let mut sub = subscribe(
-        broker,
-        SubscribeOptions::new(subject.as_str()).queue_group("w"),
-    )
-    .await?;
-    publish(broker, &subject, "once").await?;
-    let d = next(&mut sub, "the message").await?;
+    let (mut sub, d) = one_to_a_worker(broker, &subject, "once", "the message").await?;
     d.ack().await.map_err(failed("ack"))?;
     publish(broker, &subject, "marker").await?;
     let d = next(&mut sub, "the marker").await?;
@@ -397,13 +405,7 @@ async fn ack_never_redelivers<B: Broker>(broker: &B, p: &str) -> Outcome {
 
 async fn nack_redelivers_with_attempt_plus_one<B: Broker>(broker: &B, p: &str) -> Outcome {
     let subject = format!("{p}.nack");
-    let mut sub = subscribe(
-        broker,
-        SubscribeOptions::new(subject.as_str()).queue_group("w"),
-    )
-    .await?;
-    publish(broker, &subject, "again").await?;
-    let first = next(&mut sub, "the first delivery").await?;
+    let (mut sub, first) = one_to_a_worker(broker, &subject, "again", "the first delivery").await?;
     let attempt = first.envelope().attempt();
     ensure(attempt == 1, || {
         format!("first delivery has attempt {attempt}")
@@ -423,13 +425,7 @@ async fn nack_redelivers_with_attempt_plus_one<B: Broker>(broker: &B, p: &str) -
 async fn retry_after_is_held_no_sooner_or_handed_back<B: Broker>(broker: &B, p: &str) -> Outcome {
     const DELAY: Duration = Duration::from_millis(500);
     let subject = format!("{p}.retry");
-    let mut sub = subscribe(
-        broker,
-        SubscribeOptions::new(subject.as_str()).queue_group("w"),
-    )
-    .await?;
-    publish(broker, &subject, "later").await?;
-    let first = next(&mut sub, "the first delivery").await?;
+    let (mut sub, first) = one_to_a_worker(broker, &subject, "later", "the first delivery").await?;
     let asked = tokio::time::Instant::now();
     match first.retry_after(DELAY).await {
         RetryAfter::NotHeld(first) => {
@@ -465,13 +461,7 @@ async fn retry_after_is_held_no_sooner_or_handed_back<B: Broker>(broker: &B, p: 
 /// back as the third attempt.
 async fn a_held_retry_after_a_redelivery_counts_both<B: Broker>(broker: &B, p: &str) -> Outcome {
     let subject = format!("{p}.retry2");
-    let mut sub = subscribe(
-        broker,
-        SubscribeOptions::new(subject.as_str()).queue_group("w"),
-    )
-    .await?;
-    publish(broker, &subject, "again").await?;
-    let first = next(&mut sub, "the first delivery").await?;
+    let (mut sub, first) = one_to_a_worker(broker, &subject, "again", "the first delivery").await?;
     first.nack().await.map_err(failed("nack"))?;
     let second = next(&mut sub, "the redelivery").await?;
     match second.retry_after(Duration::from_millis(10)).await {
