@@ -5,6 +5,7 @@
                                      fail if one costs more than 5% over it
     bench/instructions.py --update   measure and rewrite bench/baseline.json
                                      (commit it with a message that says why)
+    bench/instructions.py NAME...    measure and check only these scenarios
 
 Marginal instructions per message = (Ir(N=2000) - Ir(N=1000)) / 1000 on the
 current-thread runtime, leaving out building and freeing the payloads: the
@@ -82,10 +83,18 @@ def per_message(bin_path: Path, scenario: str) -> int:
 
 def main() -> int:
     update = "--update" in sys.argv[1:]
+    only = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
     bin_path = binary()
     scenarios = subprocess.run(
         [str(bin_path), "--list"], capture_output=True, text=True, check=True
     ).stdout.split()
+    if only:
+        if update:
+            sys.exit("--update measures every scenario: give no names with it")
+        unknown = sorted(set(only) - set(scenarios))
+        if unknown:
+            sys.exit(f"no such scenario: {', '.join(unknown)} (have: {', '.join(scenarios)})")
+        scenarios = [s for s in scenarios if s in only]
     baseline = json.loads(BASELINE.read_text()) if BASELINE.exists() else {"scenarios": {}}
     measured = {}
     failed = []

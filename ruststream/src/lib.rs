@@ -47,6 +47,7 @@ mod error;
 mod exec;
 pub mod ingress;
 mod message;
+mod meta_box;
 pub mod metrics;
 mod pipeline;
 mod publish;

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 
 use crate::Text;
+use crate::meta_box::{Meta, MetaBox};
 
 /// Header names the runtime itself reads and writes.
 pub mod header {
@@ -140,15 +141,7 @@ impl std::fmt::Debug for Headers {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Message {
     payload: Bytes,
-    meta: Option<Box<Meta>>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Meta {
-    headers: Headers,
-    key: Option<Text>,
-    reply_to: Option<Text>,
-    correlation_id: Option<Text>,
+    meta: Option<MetaBox>,
 }
 
 static NO_HEADERS: Headers = Headers::new();
@@ -163,7 +156,7 @@ impl Message {
     }
 
     fn meta_mut(&mut self) -> &mut Meta {
-        self.meta.get_or_insert_with(Box::default)
+        self.meta.get_or_insert_with(MetaBox::new)
     }
 
     /// The payload, giving up the rest.

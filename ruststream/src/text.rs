@@ -5,7 +5,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 /// An immutable UTF-8 string backed by [`Bytes`].
 ///
@@ -43,38 +43,39 @@ impl Text {
     pub fn as_bytes(&self) -> &Bytes {
         &self.0
     }
+}
 
-    /// The concatenation of `parts`, short, in one allocation that its
-    /// clones share. (`Text::from(String)` allocates again on its first
-    /// clone, when `Bytes` turns its buffer into a shared one.) Longer text
-    /// takes the ordinary way.
-    pub(crate) fn concat_shared(parts: &[Part<'_>]) -> Text {
-        let mut inline = Inline {
-            len: 0,
-            buf: [0; INLINE],
+/// Short texts cut from one shared buffer: one allocation per
+/// [`ARENA_CHUNK`] bytes of text rather than one per text. A text keeps its
+/// whole chunk alive, so only texts that live about as long as each other
+/// belong here (the reply subjects of requests in flight).
+#[derive(Default)]
+pub(crate) struct TextArena {
+    chunk: BytesMut,
+}
+
+/// Bytes of one [`TextArena`] chunk.
+const ARENA_CHUNK: usize = 4096;
+
+impl TextArena {
+    /// The concatenation of `parts`, cut from the current chunk (or a new
+    /// one when it is full); longer text than fits inline takes the
+    /// ordinary way.
+    pub(crate) fn concat(&mut self, parts: &[Part<'_>]) -> Text {
+        let Some(inline) = Inline::concat(parts) else {
+            return Text::from(Part::concat(parts));
         };
-        let mut digits = [0; 20];
-        for part in parts {
-            let bytes = match part {
-                Part::Str(s) => s.as_bytes(),
-                Part::Decimal(n) => decimal(*n, &mut digits),
-                Part::Hex(n) => hex(*n, &mut digits),
-            };
-            let at = usize::from(inline.len);
-            let end = at + bytes.len();
-            let Some(to) = inline.buf.get_mut(at..end) else {
-                return Text::from(Part::concat(parts));
-            };
-            to.copy_from_slice(bytes);
-            // At most INLINE (checked just above), which fits a `u8`.
-            inline.len = end as u8;
+        let text = inline.as_ref();
+        if self.chunk.capacity() < text.len() {
+            self.chunk = BytesMut::with_capacity(ARENA_CHUNK);
         }
+        self.chunk.extend_from_slice(text);
         // Whole `str`s and ASCII digits: valid UTF-8.
-        Text(Bytes::from_owner(inline))
+        Text(self.chunk.split().freeze())
     }
 }
 
-/// A piece of [`Text::concat_shared`].
+/// A piece of [`TextArena::concat`].
 #[derive(Clone, Copy)]
 pub(crate) enum Part<'a> {
     Str(&'a str),
@@ -128,13 +129,37 @@ fn hex(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     }
 }
 
-/// Bytes [`Text::concat_shared`] holds inline.
+/// Bytes [`TextArena::concat`] formats on the stack.
 const INLINE: usize = 56;
 
-/// A short formatted text, owned by the `Bytes` that shares it.
+/// A short formatted text, on the stack.
 struct Inline {
     len: u8,
     buf: [u8; INLINE],
+}
+
+impl Inline {
+    /// `parts` written inline; `None` when they do not fit.
+    fn concat(parts: &[Part<'_>]) -> Option<Inline> {
+        let mut inline = Inline {
+            len: 0,
+            buf: [0; INLINE],
+        };
+        let mut digits = [0; 20];
+        for part in parts {
+            let bytes = match part {
+                Part::Str(s) => s.as_bytes(),
+                Part::Decimal(n) => decimal(*n, &mut digits),
+                Part::Hex(n) => hex(*n, &mut digits),
+            };
+            let at = usize::from(inline.len);
+            let end = at + bytes.len();
+            inline.buf.get_mut(at..end)?.copy_from_slice(bytes);
+            // At most INLINE (checked just above), which fits a `u8`.
+            inline.len = end as u8;
+        }
+        Some(inline)
+    }
 }
 
 impl AsRef<[u8]> for Inline {
@@ -209,5 +234,27 @@ impl fmt::Debug for Text {
 impl fmt::Display for Text {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ARENA_CHUNK, Part, TextArena};
+
+    #[test]
+    fn arena_texts_keep_their_contents_across_chunks() {
+        let mut arena = TextArena::default();
+        let texts: Vec<_> = (0..3 * ARENA_CHUNK as u64 / 8)
+            .map(|n| arena.concat(&[Part::Str("_INBOX."), Part::Decimal(n), Part::Hex(n)]))
+            .collect();
+        for (n, text) in texts.iter().enumerate() {
+            assert_eq!(text.as_str(), format!("_INBOX.{n}{n:x}"));
+        }
+        let long = "x".repeat(100);
+        assert_eq!(
+            arena.concat(&[Part::Str(&long)]).as_str(),
+            long,
+            "too long to format inline"
+        );
     }
 }

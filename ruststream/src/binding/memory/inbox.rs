@@ -7,7 +7,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use crate::text::Part;
+use crate::text::{Part, TextArena};
 use crate::{Envelope, Message, Text};
 
 /// How id `id` reads in a reply subject: `{slot}-{generation}`, two short
@@ -58,6 +58,9 @@ struct Slots {
     slots: Vec<Slot>,
     /// Slots no request uses now.
     free: Vec<u32>,
+    /// Where reply subjects are cut from: they live as long as their
+    /// request, so a round trip needs no allocation of its own for one.
+    subjects: TextArena,
 }
 
 #[derive(Default)]
@@ -78,8 +81,8 @@ impl Inbox {
     }
 
     /// Opens a slot for a new request: its id, and its reply subject as
-    /// `subject` makes it from the id.
-    pub(crate) fn open(&self, subject: impl FnOnce(u64) -> Text) -> (u64, Text) {
+    /// `subject` makes it from the id (in the inbox's subject arena).
+    pub(crate) fn open(&self, subject: impl FnOnce(&mut TextArena, u64) -> Text) -> (u64, Text) {
         let mut state = self.lock();
         let index = match state.free.pop() {
             Some(index) => index,
@@ -88,9 +91,10 @@ impl Inbox {
                 (state.slots.len() - 1) as u32
             }
         };
+        let state = &mut *state;
         let slot = &mut state.slots[index as usize];
         let id = u64::from(slot.generation) << 32 | u64::from(index);
-        let subject = subject(id);
+        let subject = subject(&mut state.subjects, id);
         slot.open = true;
         slot.subject = subject.clone();
         (id, subject)
@@ -163,7 +167,7 @@ mod tests {
     use super::{Inbox, parse_id};
     use crate::{Message, Text};
 
-    fn subject(id: u64) -> Text {
+    fn subject(_: &mut crate::text::TextArena, id: u64) -> Text {
         Text::from(format!("_INBOX.1.{id}"))
     }
 
@@ -193,7 +197,7 @@ mod tests {
     #[test]
     fn ids_read_back_from_their_subject_text() {
         for id in [0, 7, 1 << 32, (41 << 32) | 12, u64::MAX] {
-            let text = Text::concat_shared(&super::id_parts(id));
+            let text = crate::text::TextArena::default().concat(&super::id_parts(id));
             assert_eq!(parse_id(&text), Some(id), "{text}");
         }
         assert_eq!(parse_id("12"), None);

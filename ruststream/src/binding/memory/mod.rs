@@ -60,7 +60,7 @@ pub use self::queue::{QueueStats, ROUND_RECORDS, ReceiveRound};
 use self::registry::{Registry, Targets};
 use self::shared::BrokerShared;
 use crate::binding::{Broker, Requester, SubscribeOptions};
-use crate::text::Part;
+use crate::text::{Part, TextArena};
 use crate::{CoreHwm, Envelope, Error, Message, Result, Text};
 
 static NEXT_BROKER_ID: AtomicU64 = AtomicU64::new(1);
@@ -776,6 +776,25 @@ impl Broker for MemoryBroker {
     }
 }
 
+/// `future`'s output if it is ready now or once this task has yielded to
+/// the others once; `None` if it is still pending then. A reply from a
+/// handler on the same runtime usually comes back within that one yield, and
+/// then the request never arms (and clears) a timer of its own: the timer
+/// was most of a round trip's cost.
+async fn after_one_yield<F: Future>(mut future: Pin<&mut F>) -> Option<F::Output> {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        Poll::Ready(output) => Poll::Ready(Some(output)),
+        Poll::Pending if !yielded => {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await
+}
+
 /// Releases a request's inbox slot however the request ends.
 struct InboxGuard<'a> {
     inner: &'a Inner,
@@ -788,13 +807,13 @@ impl Drop for InboxGuard<'_> {
     }
 }
 
-/// `{prefix}{id}`, or `{prefix}L{queue}.{id}` for a single-lane reply: one
-/// allocation, shared by the request and the inbox slot.
-fn inbox_subject(prefix: &str, lane: Option<u64>, id: u64) -> Text {
+/// `{prefix}{id}`, or `{prefix}L{queue}.{id}` for a single-lane reply: cut
+/// from the inbox's subject arena, shared by the request and the inbox slot.
+fn inbox_subject(arena: &mut TextArena, prefix: &str, lane: Option<u64>, id: u64) -> Text {
     let [slot, dash, generation] = inbox::id_parts(id);
     match lane {
-        None => Text::concat_shared(&[Part::Str(prefix), slot, dash, generation]),
-        Some(queue) => Text::concat_shared(&[
+        None => arena.concat(&[Part::Str(prefix), slot, dash, generation]),
+        Some(queue) => arena.concat(&[
             Part::Str(prefix),
             Part::Str("L"),
             Part::Decimal(queue),
@@ -832,7 +851,7 @@ impl MemoryBroker {
         let deadline = Instant::now() + timeout;
         let (id, reply_to) = inner
             .inbox
-            .open(|id| inbox_subject(&inner.inbox_prefix, lane, id));
+            .open(|arena, id| inbox_subject(arena, &inner.inbox_prefix, lane, id));
         let _guard = InboxGuard { inner, id };
         inner
             .publish(
@@ -843,7 +862,10 @@ impl MemoryBroker {
             )
             .request()
             .await?;
-        let reply = std::future::poll_fn(|cx| inner.inbox.poll_reply(id, cx));
+        let mut reply = std::pin::pin!(std::future::poll_fn(|cx| inner.inbox.poll_reply(id, cx)));
+        if let Some(reply) = after_one_yield(reply.as_mut()).await {
+            return Ok(reply);
+        }
         tokio::time::timeout_at(deadline, reply)
             .await
             .map_err(|_| Error::Timeout(timeout))
