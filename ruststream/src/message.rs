@@ -225,6 +225,7 @@ impl Message {
     }
 
     /// Payload plus header bytes: the message's own size.
+    #[inline]
     pub fn byte_len(&self) -> usize {
         self.payload.len() + self.meta.as_ref().map_or(0, |m| m.headers.byte_len())
     }
@@ -314,7 +315,11 @@ impl Envelope {
     }
 
     /// The remaining delay of a `retry_after` that a shutdown published early.
+    #[inline]
     pub fn retry_delay(&self) -> Option<std::time::Duration> {
+        // Checked on every delivery: a message without metadata, the
+        // common case, answers without a header lookup.
+        self.message.meta.as_ref()?;
         let ms: u64 = self.headers().get(header::RETRY_DELAY_MS)?.parse().ok()?;
         (ms > 0).then(|| std::time::Duration::from_millis(ms))
     }
@@ -331,6 +336,7 @@ impl Envelope {
 
     /// Bytes a queue holding this frame owns: payload, headers and the
     /// frame's own bookkeeping. What a byte high-water mark charges (JQ-1).
+    #[inline]
     pub fn frame_bytes(&self) -> usize {
         self.message.byte_len() + FRAME_OVERHEAD
     }

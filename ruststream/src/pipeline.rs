@@ -351,11 +351,17 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         }
     }
 
+    #[inline]
     pub(crate) fn settled(&self, result: crate::Result<()>) {
         if let Err(err) = result {
-            metrics::settle_error(&self.config.subject);
-            tracing::warn!(subject = %self.config.subject, error = %err, "settlement failed");
+            self.settle_failed(err);
         }
+    }
+
+    #[cold]
+    fn settle_failed(&self, err: crate::Error) {
+        metrics::settle_error(&self.config.subject);
+        tracing::warn!(subject = %self.config.subject, error = %err, "settlement failed");
     }
 }
 

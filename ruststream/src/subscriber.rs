@@ -258,6 +258,7 @@ pub struct Scope<'a> {
 }
 
 impl<'a> Scope<'a> {
+    #[inline]
     pub(crate) fn new(envelope: &'a Envelope, app: &'a AppHandle) -> Self {
         Scope {
             envelope,
@@ -300,6 +301,7 @@ impl<'a> Scope<'a> {
     }
 
     /// The follow-ups a handler asked for, if it took a `Ctx`.
+    #[inline]
     pub(crate) fn into_follow_ups(self) -> Option<Arc<FollowUps>> {
         self.follow_ups.into_inner()
     }

@@ -24,6 +24,7 @@ impl Stop {
         self.0.notify.notify_waiters();
     }
 
+    #[inline]
     pub(crate) fn is_stopped(&self) -> bool {
         self.0.stopped.load(Ordering::Acquire)
     }

@@ -167,6 +167,7 @@ pub struct MemoryDelivery {
 }
 
 impl MemoryDelivery {
+    #[inline]
     fn take(&mut self) -> Envelope {
         match self.env.take() {
             Some(env) => env,
@@ -183,6 +184,7 @@ impl MemoryDelivery {
 }
 
 impl Delivery for MemoryDelivery {
+    #[inline]
     fn envelope(&self) -> &Envelope {
         match &self.env {
             Some(env) => env,
@@ -195,6 +197,7 @@ impl Delivery for MemoryDelivery {
         Ok(())
     }
 
+    #[inline]
     fn try_ack(mut self) -> std::result::Result<Result<()>, Self> {
         self.take();
         Ok(Ok(()))
