@@ -93,6 +93,7 @@ impl Connection {
         })
     }
 
+    #[inline]
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }

@@ -237,11 +237,6 @@ pub(crate) struct Queue {
     /// Subjects of single-lane replies start with this.
     reply_prefix: Text,
     state: Mutex<State>,
-    /// Frames queued, kept under the lock and read without it, so a consumer
-    /// finds an empty queue without locking it ([`try_pop`](Self::try_pop)
-    /// with `hint`). Only a hint: an empty-looking queue sends the consumer to
-    /// its wait, which looks again under the lock.
-    frames: AtomicUsize,
     /// `CoreHwmBudgetBytes` for each peer's lane.
     budget: usize,
     round: ReceiveRound,
@@ -303,7 +298,6 @@ impl Queue {
                 paused_members: 0,
                 readers: Readers::default(),
             }),
-            frames: AtomicUsize::new(0),
             budget,
             round,
             members: AtomicUsize::new(0),
@@ -358,7 +352,6 @@ impl Queue {
         }
         lane.bytes += len;
         lane.items.push_back(env);
-        self.frames.fetch_add(1, Ordering::Relaxed);
         let reader = state.readers.take_one();
         drop(state);
         if let Some(reader) = reader {
@@ -454,7 +447,6 @@ impl Queue {
         let lane = &mut state.lanes[cursor];
         lane.bytes += len;
         lane.items.push_front(env);
-        self.frames.fetch_add(1, Ordering::Relaxed);
         let reader = state.readers.take_one();
         drop(state);
         if let Some(reader) = reader {
@@ -506,6 +498,7 @@ impl Queue {
     }
 
     /// `Some(Some(frame))`, `Some(None)` when closed, `None` when empty.
+    #[inline]
     pub(crate) fn try_pop(&self) -> Option<Option<Envelope>> {
         let mut state = self.lock();
         if let Some((env, len)) = state.pop(&self.round) {
@@ -521,7 +514,6 @@ impl Queue {
         if self.carries_replies.load(Ordering::Relaxed) {
             // Replies that reached a head with this pop complete now.
             let (replies, bytes) = state.take_head_replies(&self.reply_prefix);
-            self.frames.fetch_sub(1 + replies.len(), Ordering::Relaxed);
             drop(state);
             self.shared.release(len + bytes);
             for reply in replies {
@@ -529,15 +521,8 @@ impl Queue {
             }
             return;
         }
-        self.frames.fetch_sub(1, Ordering::Relaxed);
         drop(state);
         self.shared.release(len);
-    }
-
-    /// Whether the queue looks empty, without locking it: a consumer that
-    /// sees it empty goes to [`wait_pop`](Self::wait_pop), which looks again.
-    pub(crate) fn looks_empty(&self) -> bool {
-        self.frames.load(Ordering::Relaxed) == 0
     }
 
     pub(crate) fn join(&self) {
@@ -580,7 +565,6 @@ impl Queue {
         state.closed = true;
         let bytes: usize = state.lanes.iter().map(|l| l.bytes).sum();
         state.lanes = vec![Lane::new(0)];
-        self.frames.store(0, Ordering::Relaxed);
         state.cursor = 0;
         let readers = state.readers.take_all();
         drop(state);
@@ -622,7 +606,10 @@ impl Drop for Reader<'_> {
             return;
         }
         // Woken (taken off the list) but gone: pass it on if frames wait.
-        let next = (self.queue.frames.load(Ordering::Relaxed) > 0)
+        let next = state
+            .lanes
+            .iter()
+            .any(|lane| !lane.items.is_empty())
             .then(|| state.readers.take_one())
             .flatten();
         drop(state);
