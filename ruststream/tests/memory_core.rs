@@ -227,6 +227,89 @@ async fn waiting_publish_lands_once_space_frees() {
     }
 }
 
+/// A full lane and one publish waiting for it, with `deadline`.
+async fn full_lane_and_a_waiter(
+    frames: usize,
+    deadline: Duration,
+) -> (
+    MemoryBroker,
+    ruststream::binding::memory::MemorySubscription,
+    tokio::task::JoinHandle<ruststream::Result<()>>,
+) {
+    let broker = MemoryBroker::builder()
+        .hwm(CoreHwm::default().budget_bytes(frames * frame(50)))
+        .build();
+    let sub = broker.subscribe(SubscribeOptions::new("q")).await.unwrap();
+    for n in 0..frames {
+        broker
+            .publish_message("q", Message::new(vec![n as u8; 50]), None)
+            .await
+            .unwrap();
+    }
+    let waiting = tokio::spawn({
+        let broker = broker.clone();
+        async move {
+            broker
+                .publish_message(
+                    "q",
+                    Message::new(vec![frames as u8; 50]),
+                    Some(Instant::now() + deadline),
+                )
+                .await
+        }
+    });
+    settle_tasks().await;
+    assert!(!waiting.is_finished(), "the publish waits for space");
+    (broker, sub, waiting)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_publish_is_woken_at_the_low_water_mark_not_per_freed_frame() {
+    let (broker, mut sub, waiting) = full_lane_and_a_waiter(4, Duration::from_secs(3600)).await;
+    // 3 of 4 frames left: room for one, but above half the budget.
+    sub.next().await.unwrap().ack().await.unwrap();
+    settle_tasks().await;
+    assert!(
+        !waiting.is_finished(),
+        "one freed frame does not wake the waiter"
+    );
+    // 2 of 4: half the budget, the low-water mark.
+    sub.next().await.unwrap().ack().await.unwrap();
+    within(5, "the waiting publish", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(broker.queued_bytes(), 3 * frame(50));
+    for expected in [2u8, 3, 4] {
+        let d = sub.next().await.unwrap();
+        assert_eq!(
+            d.envelope().payload()[0],
+            expected,
+            "nothing lost, in order"
+        );
+        d.ack().await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_publish_takes_room_above_the_low_water_mark_at_its_deadline() {
+    let (broker, mut sub, waiting) = full_lane_and_a_waiter(4, Duration::from_secs(2)).await;
+    let start = Instant::now();
+    sub.next().await.unwrap().ack().await.unwrap();
+    // No wake-up above the low-water mark; the last look at the deadline
+    // finds the room and admits the frame instead of failing.
+    within(5, "the waiting publish", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        Instant::now(),
+        start + Duration::from_secs(2),
+        "at its deadline"
+    );
+    assert_eq!(broker.queued_bytes(), 4 * frame(50));
+}
+
 #[tokio::test(start_paused = true)]
 async fn jq24_15_full_waiter_slots_fail_at_once() {
     let broker = MemoryBroker::builder()

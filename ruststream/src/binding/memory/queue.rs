@@ -178,19 +178,21 @@ impl State {
         (replies, bytes)
     }
 
-    /// Takes the next frame in fair order (JQ-12), with its charged bytes.
+    /// Takes the next frame in fair order (JQ-12), with its charged bytes
+    /// and the bytes its lane still holds.
     #[inline]
-    fn pop(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize)> {
+    fn pop(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
         if let [only] = &mut self.lanes[..] {
             // One peer: rounds change nothing, so they cost nothing.
-            return only.pop();
+            let (env, len) = only.pop()?;
+            return Some((env, len, only.bytes));
         }
         self.pop_fair(budget)
     }
 
     // Out of line: the one-peer path stays small.
     #[inline(never)]
-    fn pop_fair(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize)> {
+    fn pop_fair(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
         let n = self.lanes.len();
         let at = (0..n)
             .map(|k| (self.cursor + k) % n)
@@ -198,6 +200,7 @@ impl State {
         // An empty lane passes the round on to the next one.
         self.cursor = at;
         let (env, len) = self.lanes[at].pop()?;
+        let left = self.lanes[at].bytes;
         let now = Instant::now();
         let round = &mut self.round;
         round.records += 1;
@@ -224,7 +227,7 @@ impl State {
         if self.cursor >= self.lanes.len() {
             self.cursor = 0;
         }
-        Some((env, len))
+        Some((env, len, left))
     }
 }
 
@@ -425,6 +428,13 @@ impl Queue {
                 Err(Refused::Full(env)) => env,
             };
             if tokio::time::timeout_at(deadline, space).await.is_err() {
+                // Space below the low-water mark wakes waiters; space above
+                // it may have come since without a wake-up: one last look.
+                match self.try_push(peer, env) {
+                    Ok(()) => return Ok(()),
+                    Err(Refused::Closed) => return Err(super::queue_closed()),
+                    Err(Refused::Full(_)) => {}
+                }
                 crate::metrics::deadline_exceeded("memory");
                 return Err(Error::DeadlineExceeded(
                     "receive queue stayed full or paused until the deadline",
@@ -475,10 +485,10 @@ impl Queue {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Envelope>> {
         let mut state = self.lock();
-        if let Some((env, len)) = state.pop(&self.round) {
+        if let Some((env, len, left)) = state.pop(&self.round) {
             // Done waiting: nothing for the `Reader` to hand on.
             state.readers.forget(token.take());
-            self.taken(state, len);
+            self.taken(state, len, left);
             return Poll::Ready(Some(env));
         }
         if state.closed || conn.is_closed() {
@@ -501,28 +511,31 @@ impl Queue {
     #[inline]
     pub(crate) fn try_pop(&self) -> Option<Option<Envelope>> {
         let mut state = self.lock();
-        if let Some((env, len)) = state.pop(&self.round) {
-            self.taken(state, len);
+        if let Some((env, len, left)) = state.pop(&self.round) {
+            self.taken(state, len, left);
             return Some(Some(env));
         }
         state.closed.then_some(None)
     }
 
-    /// The bookkeeping of a frame of `len` bytes just popped under `state`.
+    /// The bookkeeping of a frame of `len` bytes just popped under `state`
+    /// from a lane that still holds `left` bytes.
     #[inline]
-    fn taken(&self, mut state: MutexGuard<'_, State>, len: usize) {
+    fn taken(&self, mut state: MutexGuard<'_, State>, len: usize, left: usize) {
+        // The lane's low-water mark (see `BrokerShared::release`).
+        let lane_drained = left <= self.budget / 2;
         if self.carries_replies.load(Ordering::Relaxed) {
             // Replies that reached a head with this pop complete now.
             let (replies, bytes) = state.take_head_replies(&self.reply_prefix);
             drop(state);
-            self.shared.release(len + bytes);
+            self.shared.release(len + bytes, lane_drained);
             for reply in replies {
                 self.complete(reply);
             }
             return;
         }
         drop(state);
-        self.shared.release(len);
+        self.shared.release(len, lane_drained);
     }
 
     pub(crate) fn join(&self) {
@@ -568,7 +581,7 @@ impl Queue {
         state.cursor = 0;
         let readers = state.readers.take_all();
         drop(state);
-        self.shared.release(bytes);
+        self.shared.release(bytes, true);
         for reader in readers {
             reader.wake();
         }

@@ -59,12 +59,21 @@ impl BrokerShared {
         self.bytes.fetch_add(len, Ordering::AcqRel);
     }
 
-    /// Releases bytes and wakes publishers waiting for space, if any.
-    pub(crate) fn release(&self, len: usize) {
+    /// Releases bytes, and wakes the publishers waiting for space (if any)
+    /// when the lane the bytes left holds half its budget or less
+    /// (`lane_drained`). A low-water mark: under sustained backpressure a
+    /// woken publisher gets a run of frames in, where waking it for every
+    /// freed frame would cost a wake-up and a waiting publish per message.
+    ///
+    /// Waiters held by the broker-wide memory limit are served the same way:
+    /// the broker drains through its lanes, and every frame taken from a lane
+    /// at or below half its budget wakes them. A waiter also looks once more
+    /// at its deadline, so room that came without a wake-up is still used.
+    pub(crate) fn release(&self, len: usize, lane_drained: bool) {
         self.bytes.fetch_sub(len, Ordering::SeqCst);
         // SeqCst pairs with `waiter_slot`: a waiter that registered before this
         // load is woken; one that registers after it sees the released bytes.
-        if self.waiters.load(Ordering::SeqCst) > 0 {
+        if lane_drained && self.waiters.load(Ordering::SeqCst) > 0 {
             self.space.notify_waiters();
         }
     }
