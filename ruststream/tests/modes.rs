@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{Gate, frame, until, within};
-use ruststream::MainRuntime;
 use ruststream::prelude::*;
+use ruststream::{IntoSubscriber, MainRuntime, SubscribeOptions};
 use tokio::sync::Notify;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -548,4 +548,73 @@ async fn rt4_by_key_can_read_the_key_from_a_header() {
     within(30, "header-keyed deliveries", H_ALL.notified()).await;
     running.shutdown().await.unwrap();
     assert_eq!(H_VIOLATIONS.load(Ordering::SeqCst), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Cooperative scheduling: a loop with a backlog lets the other tasks of its
+// runtime run (RT-2, RT-3).
+
+const COOP_N: usize = 2_000;
+static COOP_SEQ: AtomicUsize = AtomicUsize::new(0);
+static COOP_WORKERS: AtomicUsize = AtomicUsize::new(0);
+
+#[subscriber("modes.coop.seq", queue_group = "g")]
+async fn coop_sequential(_payload: Bytes) {
+    COOP_SEQ.fetch_add(1, Ordering::SeqCst);
+}
+
+#[subscriber("modes.coop.workers", queue_group = "g", workers(2))]
+async fn coop_workers(_payload: Bytes) {
+    COOP_WORKERS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Queues `COOP_N` messages before `subscriber`'s loop starts (a placeholder
+/// member of its queue group holds them), then counts how often a task that
+/// only yields runs while the loop works through the backlog on the same
+/// current-thread runtime. A loop that never yielded would leave it one turn.
+async fn turns_while_a_backlog_drains<M>(
+    subject: &'static str,
+    subscriber: impl IntoSubscriber<M>,
+    handled: &'static AtomicUsize,
+) -> usize {
+    let broker = MemoryBroker::new();
+    let placeholder = broker
+        .subscribe(SubscribeOptions::new(subject).queue_group("g"))
+        .await
+        .unwrap();
+    for _ in 0..COOP_N {
+        broker
+            .publish_message(subject, Message::new("x"), None)
+            .await
+            .unwrap();
+    }
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(subscriber)
+        .start()
+        .await
+        .unwrap();
+    drop(placeholder);
+    let turns = tokio::spawn(async move {
+        let mut turns = 0;
+        while handled.load(Ordering::SeqCst) < COOP_N {
+            turns += 1;
+            tokio::task::yield_now().await;
+        }
+        turns
+    });
+    let turns = within(10, "the backlog to drain", turns).await.unwrap();
+    running.shutdown().await.unwrap();
+    turns
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_loop_with_a_backlog_lets_the_other_tasks_of_its_runtime_run() {
+    // Budget: 128 deliveries in a row; the rest of the time goes to yields.
+    let floor = COOP_N / 128 / 2;
+    let turns = turns_while_a_backlog_drains("modes.coop.seq", coop_sequential, &COOP_SEQ).await;
+    assert!(turns >= floor, "sequential: {turns} turns, want >= {floor}");
+    let turns =
+        turns_while_a_backlog_drains("modes.coop.workers", coop_workers, &COOP_WORKERS).await;
+    assert!(turns >= floor, "workers(2): {turns} turns, want >= {floor}");
 }

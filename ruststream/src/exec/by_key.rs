@@ -11,6 +11,7 @@ use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::Arc;
 
+use super::budget::Budget;
 use super::owners::{OwnerLimits, OwnerSet, Refusal};
 use super::sequential::next;
 use super::stop::Stop;
@@ -61,6 +62,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let closer = CloseOnDrop(&owners);
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
+    let mut budget = Budget::new();
     loop {
         let has_room = tokio::select! {
             biased;
@@ -75,7 +77,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         let Some(permit) = super::take_permit!(&jobs, &stop) else {
             break;
         };
-        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
+        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut(), &mut budget) else {
             break;
         };
         let body = match unit.check(&delivery) {

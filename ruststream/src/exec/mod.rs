@@ -7,6 +7,7 @@
 //! | `workers(n, by_key)` (RT-4) | `n` tasks, one key at a time each | `n` | `max_pending` deliveries in owner FIFOs |
 //! | `threads(n)` (RT-5) | `n` OS threads, own runtimes | `n` | `n × 8` in rings (`n × 9` with the ones in hand) |
 
+pub(crate) mod budget;
 pub(crate) mod by_key;
 pub(crate) mod owners;
 pub(crate) mod ring;

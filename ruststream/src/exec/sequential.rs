@@ -5,8 +5,9 @@
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::task::{Poll, ready};
+use std::task::Poll;
 
+use super::budget::Budget;
 use super::stop::Stop;
 use crate::binding::{Broker, Subscription};
 use crate::pipeline::{Checked, Unit, invoke};
@@ -19,37 +20,27 @@ use crate::subscriber::SendSubscriber;
 /// `$stopped` is the loop's own `stop.wait()`, pinned once: it registers on
 /// the first wait and stays registered, so a wait costs no registration of
 /// its own. After `None` the loop ends (a finished `$stopped` must not be
-/// polled again).
+/// polled again). `$budget` is the loop's [`Budget`](super::budget::Budget):
+/// a loop with a backlog yields to the other tasks of its runtime every so
+/// many deliveries.
 macro_rules! next {
-    ($subscription:expr, $stop:expr, $stopped:expr) => {{
+    ($subscription:expr, $stop:expr, $stopped:expr, $budget:expr) => {{
         let stop: &$crate::exec::stop::Stop = $stop;
+        let budget: &mut $crate::exec::budget::Budget = $budget;
+        if budget.spend() {
+            ::tokio::task::yield_now().await;
+        }
         if stop.is_stopped() {
             None
-        } else if let Some(delivery) = $crate::exec::sequential::at_hand($subscription).await {
+        } else if let Some(delivery) = $crate::binding::Subscription::try_next($subscription) {
             Some(delivery)
         } else {
+            budget.refill();
             $crate::exec::sequential::wait_next($subscription, $stopped).await
         }
     }};
 }
 pub(crate) use next;
-
-/// The delivery the binding has at hand, if any, without waiting
-/// ([`Subscription::try_next`]), within the task's cooperative budget: a
-/// loop with a backlog still lets the other tasks of its runtime run.
-#[inline]
-pub(crate) fn at_hand<S: Subscription>(
-    subscription: &mut S,
-) -> impl Future<Output = Option<S::Delivery>> + '_ {
-    poll_fn(|cx| {
-        let budget = ready!(tokio::task::coop::poll_proceed(cx));
-        let delivery = subscription.try_next();
-        if delivery.is_some() {
-            budget.made_progress();
-        }
-        Poll::Ready(delivery)
-    })
-}
 
 /// Runs until `stop` or the end of the subscription. A delivery taken before
 /// `stop` is processed and settled before the loop returns.
@@ -63,12 +54,13 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let jobs = Arc::clone(unit.app.jobs());
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
+    let mut budget = Budget::new();
     loop {
         // JQ-4 step 1; the wait (with its stop race) only when none is free.
         let Some(permit) = super::take_permit!(&jobs, &stop) else {
             break;
         };
-        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
+        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut(), &mut budget) else {
             break;
         };
         match unit.check(&delivery) {

@@ -10,13 +10,14 @@
 //! until every ring has a free slot before taking a delivery, keeping the
 //! same bound.
 
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 
 use tokio::sync::oneshot;
 
+use super::budget::Budget;
 use super::ring::Ring;
 use super::sequential::wait_next;
 use super::slot;
@@ -215,7 +216,14 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     let mut cursor = 0;
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
+    let mut budget = Budget::new();
     loop {
+        if budget.spend() {
+            // A feeder with a backlog lets the other tasks run every so
+            // often, waking the threads it owes a wake-up first.
+            wakes.flush();
+            tokio::task::yield_now().await;
+        }
         let target = match rings.find_space(by_key, &mut cursor) {
             Some(target) => target,
             None => {
@@ -240,10 +248,11 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
         if stop.is_stopped() {
             break;
         }
-        let delivery = match at_hand(&mut subscription, &mut wakes).await {
+        let delivery = match subscription.try_next() {
             Some(delivery) => delivery,
             None => {
                 wakes.flush();
+                budget.refill();
                 let Some(delivery) = wait_next(&mut subscription, stopped.as_mut()).await else {
                     break;
                 };
@@ -297,26 +306,6 @@ async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
         drop(permit);
         invoke!(unit, delivery, handle(body));
     }
-}
-
-/// The feeder's own take of [`sequential::at_hand`](super::sequential::at_hand):
-/// when the cooperative budget makes it yield, the threads it owes a wake-up
-/// are woken first.
-fn at_hand<'a, S: Subscription>(
-    subscription: &'a mut S,
-    wakes: &'a mut Wakes,
-) -> impl Future<Output = Option<S::Delivery>> + 'a {
-    poll_fn(move |cx| {
-        let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
-            wakes.flush();
-            return Poll::Pending;
-        };
-        let delivery = subscription.try_next();
-        if delivery.is_some() {
-            budget.made_progress();
-        }
-        Poll::Ready(delivery)
-    })
 }
 
 /// Wakers of threads with new items, woken by [`flush`](Self::flush) or

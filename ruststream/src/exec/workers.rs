@@ -13,6 +13,7 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use super::budget::Budget;
 use super::sequential::next;
 use super::stop::Stop;
 use crate::binding::Broker;
@@ -54,6 +55,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
 
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
+    let mut budget = Budget::new();
     loop {
         // No race with `stop` here: a worker always ends its delivery, and the
         // loop then sees the stop before it takes another one (`next`), so
@@ -65,7 +67,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         let Some(permit) = super::take_permit!(&jobs, &stop) else {
             break;
         };
-        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut()) else {
+        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut(), &mut budget) else {
             break;
         };
         pool.hand(id, (delivery, permit));

@@ -523,7 +523,10 @@ impl Future for Publish<'_, '_> {
                 } else {
                     // Cooperative budget: a publisher that never has to wait
                     // still lets the other tasks of its runtime run.
-                    ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+                    if crate::exec::budget::spend_thread_budget() {
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
                     let PublishState::Start {
                         subject,
                         message,
