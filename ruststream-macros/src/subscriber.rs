@@ -433,6 +433,7 @@ fn generate(
                     #config
                 }
 
+                #[inline]
                 fn decode(
                     &self,
                     payload: &::ruststream::__private::Bytes,

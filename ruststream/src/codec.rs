@@ -46,6 +46,7 @@ pub struct Json;
 impl Codec for Json {
     const CONTENT_TYPE: &'static str = "application/json";
 
+    #[inline]
     fn decode<T: DeserializeOwned>(payload: &Bytes) -> Result<T, BoxError> {
         Ok(serde_json::from_slice(payload)?)
     }

@@ -130,6 +130,7 @@ pub trait CodecBody<T> {
 }
 
 impl<T> CodecBody<T> for BodyKind<T> {
+    #[inline]
     fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>
     where
         T: MessageBody,

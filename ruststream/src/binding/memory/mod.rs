@@ -310,7 +310,7 @@ impl Inner {
                 peer: conn.map_or(0, |conn| conn.id),
                 conn,
                 subject,
-                message,
+                message: Some(message),
                 deadline,
             },
         }
@@ -445,13 +445,14 @@ impl Publish<'_, '_> {
 }
 
 enum PublishState<'a, 's> {
-    /// Not admitted yet; `conn` is `None` once checked.
+    /// Not admitted yet; `conn` is `None` once checked, `message` once
+    /// handed on (the publish is then finished or waiting).
     Start {
         /// The publishing connection's id, kept across polls.
         peer: u64,
         conn: Option<&'a Connection>,
         subject: &'s str,
-        message: Message,
+        message: Option<Message>,
         deadline: Deadline,
     },
     /// Waiting for space (JQ-19), out of line.
@@ -470,9 +471,10 @@ impl Future for Publish<'_, '_> {
                 peer,
                 conn,
                 subject,
-                ..
+                message,
+                deadline,
             } => {
-                let peer = *peer;
+                let (peer, subject, deadline) = (*peer, *subject, *deadline);
                 if let Some(conn) = conn.take()
                     && conn.is_closed()
                 {
@@ -485,15 +487,7 @@ impl Future for Publish<'_, '_> {
                     && !this.request
                     && subject.starts_with(inner.inbox_prefix.as_str())
                 {
-                    let PublishState::Start {
-                        subject,
-                        message,
-                        deadline,
-                        ..
-                    } = std::mem::replace(&mut this.state, PublishState::Done)
-                    else {
-                        unreachable!("in the start state")
-                    };
+                    let message = take_message(message);
                     let rest = &subject[inner.inbox_prefix.len()..];
                     let Some(lane) = rest.strip_prefix('L') else {
                         // Two-lane: the completion lane, straight to the caller.
@@ -527,15 +521,7 @@ impl Future for Publish<'_, '_> {
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
-                    let PublishState::Start {
-                        subject,
-                        message,
-                        deadline,
-                        ..
-                    } = std::mem::replace(&mut this.state, PublishState::Done)
-                    else {
-                        unreachable!("in the start state")
-                    };
+                    let message = take_message(message);
                     match inner.publish_now(peer, subject, message, this.request) {
                         Ok(()) => return Poll::Ready(Ok(())),
                         Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
@@ -554,6 +540,16 @@ impl Future for Publish<'_, '_> {
         let result = ready!(waiting.as_mut().poll(cx));
         this.state = PublishState::Done;
         Poll::Ready(result)
+    }
+}
+
+/// The message of a publish in its start state: taken once, where a
+/// whole-state swap would move every field.
+#[inline]
+fn take_message(message: &mut Option<Message>) -> Message {
+    match message.take() {
+        Some(message) => message,
+        None => panic!("publish future polled after completion"),
     }
 }
 

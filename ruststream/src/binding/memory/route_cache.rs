@@ -36,11 +36,38 @@ pub(crate) fn get(broker: u64, generation: u64, subject: &str) -> Option<Arc<Rou
         let cached = last.as_ref()?;
         (cached.broker == broker
             && cached.generation == generation
-            && cached.subject.as_str() == subject)
-            .then(|| Arc::clone(&cached.route))
+            && same(cached.subject.as_bytes(), subject.as_bytes()))
+        .then(|| Arc::clone(&cached.route))
     })
     .ok()
     .flatten()
+}
+
+/// `a == b`, comparing a word at a time: subjects are short, and a call to
+/// `memcmp` for each publish costs more than the comparison itself.
+#[inline]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let n = a.len();
+    if n < 8 {
+        return a == b;
+    }
+    let word = |s: &[u8], at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let mut at = 0;
+    while at + 8 < n {
+        if word(a, at) != word(b, at) {
+            return false;
+        }
+        at += 8;
+    }
+    // The last word, overlapping the one before when `n` is not a multiple of 8.
+    word(a, n - 8) == word(b, n - 8)
 }
 
 /// Caches `route` as found under `generation` (read under the registry's
@@ -57,4 +84,24 @@ pub(crate) fn put(broker: u64, generation: u64, route: &Arc<Route>) {
     });
     // The entry it replaced is dropped here, with the cell released.
     drop(replaced);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same;
+
+    #[test]
+    fn same_compares_every_byte_at_every_length() {
+        let text = b"orders.created.eu-west-1.priority-high";
+        for len in 0..=text.len() {
+            let a = &text[..len];
+            assert!(same(a, a), "len {len}");
+            for at in 0..len {
+                let mut b = a.to_vec();
+                b[at] ^= 1;
+                assert!(!same(a, &b), "len {len}, byte {at} differs");
+            }
+            assert!(!same(a, &text[..len.saturating_sub(1)]) || len == 0);
+        }
+    }
 }
