@@ -19,7 +19,7 @@ pub(crate) mod workers;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
-use crate::ingress::{JobPermit, JobQueue};
+use crate::ingress::{BorrowedPermit, JobPermit, JobQueue};
 use stop::Stop;
 
 /// [`permit`] with its common case inline: a free permit is taken without
@@ -45,6 +45,19 @@ pub(crate) async fn permit(jobs: &Arc<JobQueue>, stop: &Stop) -> Option<JobPermi
     tokio::select! {
         biased;
         permit = jobs.acquire() => Some(permit),
+        () = stop.wait() => None,
+    }
+}
+
+/// [`permit`] for the default loop, which keeps `jobs` alive itself: the
+/// permit borrows it.
+pub(crate) async fn borrowed_permit<'a>(
+    jobs: &'a JobQueue,
+    stop: &Stop,
+) -> Option<BorrowedPermit<'a>> {
+    tokio::select! {
+        biased;
+        permit = jobs.acquire_borrowed() => Some(permit),
         () = stop.wait() => None,
     }
 }

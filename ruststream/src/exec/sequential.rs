@@ -57,8 +57,12 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let mut budget = Budget::new();
     loop {
         // JQ-4 step 1; the wait (with its stop race) only when none is free.
-        let Some(permit) = super::take_permit!(&jobs, &stop) else {
-            break;
+        let permit = match jobs.try_acquire_borrowed() {
+            Some(permit) => permit,
+            None => match super::borrowed_permit(&jobs, &stop).await {
+                Some(permit) => permit,
+                None => break,
+            },
         };
         let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut(), &mut budget) else {
             break;

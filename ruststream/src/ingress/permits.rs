@@ -29,6 +29,18 @@ pub struct JobPermit {
     queue: Arc<JobQueue>,
 }
 
+/// A [`JobPermit`] that borrows its queue, for a loop that keeps the queue
+/// alive itself (the default loop): the same permit without the reference
+/// count it would take and drop for every delivery.
+#[must_use = "a permit is returned when dropped"]
+pub(crate) struct BorrowedPermit<'a>(&'a JobQueue);
+
+impl Drop for BorrowedPermit<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
 impl std::fmt::Debug for JobPermit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("JobPermit")
@@ -148,8 +160,36 @@ impl JobQueue {
     /// Waits for a permit: the oldest waiter is served first (JQ-7).
     /// Cancel-safe: a dropped wait takes nothing (JQ-11).
     pub async fn acquire(self: &Arc<Self>) -> JobPermit {
-        if let Some(permit) = self.try_acquire() {
-            return permit;
+        self.wait_slot().await;
+        JobPermit {
+            queue: Arc::clone(self),
+        }
+    }
+
+    /// A permit if one is free now and no source waits for one.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<JobPermit> {
+        self.try_slot().then(|| JobPermit {
+            queue: Arc::clone(self),
+        })
+    }
+
+    /// [`acquire`](Self::acquire) for a loop that keeps the queue alive
+    /// itself: the permit borrows it, with no reference count to move.
+    pub(crate) async fn acquire_borrowed(&self) -> BorrowedPermit<'_> {
+        self.wait_slot().await;
+        BorrowedPermit(self)
+    }
+
+    /// [`try_acquire`](Self::try_acquire), borrowing the queue.
+    #[inline]
+    pub(crate) fn try_acquire_borrowed(&self) -> Option<BorrowedPermit<'_>> {
+        self.try_slot().then(|| BorrowedPermit(self))
+    }
+
+    /// Waits for a slot, oldest waiter first (JQ-7).
+    async fn wait_slot(&self) {
+        if self.try_slot() {
+            return;
         }
         // SeqCst, before the spare permits move: pairs with `release`.
         let waiters = self.waiters.fetch_add(1, Ordering::SeqCst) + 1;
@@ -161,20 +201,19 @@ impl JobQueue {
             Err(_) => unreachable!("the job queue's semaphore is never closed"),
         }
         self.taken();
-        JobPermit {
-            queue: Arc::clone(self),
-        }
     }
 
-    /// A permit if one is free now and no source waits for one.
-    pub fn try_acquire(self: &Arc<Self>) -> Option<JobPermit> {
+    /// Takes a slot if one is free now and no source waits for one.
+    #[inline]
+    fn try_slot(&self) -> bool {
         if !self.take_spare() {
-            self.permits.try_acquire().ok()?.forget();
+            match self.permits.try_acquire() {
+                Ok(permit) => permit.forget(),
+                Err(_) => return false,
+            }
         }
         self.taken();
-        Some(JobPermit {
-            queue: Arc::clone(self),
-        })
+        true
     }
 
     /// Takes a spare permit, unless a source waits (it goes first).

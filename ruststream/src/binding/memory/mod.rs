@@ -474,7 +474,7 @@ impl Future for Publish<'_, '_> {
                 message,
                 deadline,
             } => {
-                let (peer, subject, deadline) = (*peer, *subject, *deadline);
+                let (peer, subject) = (*peer, *subject);
                 if let Some(conn) = conn.take()
                     && conn.is_closed()
                 {
@@ -508,6 +508,7 @@ impl Future for Publish<'_, '_> {
                             {
                                 Stalled::Failed(err) => return Poll::Ready(Err(err)),
                                 Stalled::Full(waiting) => {
+                                    let deadline = *deadline;
                                     this.state =
                                         PublishState::Waiting(Box::pin(waiting.wait(deadline)));
                                 }
@@ -526,6 +527,7 @@ impl Future for Publish<'_, '_> {
                         Ok(()) => return Poll::Ready(Ok(())),
                         Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
                         Err(Stalled::Full(waiting)) => {
+                            let deadline = *deadline;
                             this.state = PublishState::Waiting(Box::pin(waiting.wait(deadline)));
                         }
                     }

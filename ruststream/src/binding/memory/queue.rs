@@ -312,6 +312,7 @@ impl Queue {
         }
     }
 
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic never happens while the lock is held (no user code runs under
         // it), so a poisoned lock still holds consistent state.
