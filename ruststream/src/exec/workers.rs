@@ -166,10 +166,11 @@ impl<D> Pool<D> {
         let mailbox = &mut state.mailboxes[id];
         debug_assert!(mailbox.item.is_none(), "an idle worker's mailbox is empty");
         mailbox.item = Some(delivery);
-        let waker = mailbox.waker.take();
-        drop(state);
-        if let Some(waker) = waker {
-            waker.wake();
+        // Woken by reference and left in place: the worker's next wait
+        // finds its own waker there and stores no clone. (Under the lock:
+        // a tokio waker only schedules the task, it never runs it here.)
+        if let Some(waker) = &mailbox.waker {
+            waker.wake_by_ref();
         }
     }
 
