@@ -57,6 +57,7 @@ struct Raw<D>(D, JobPermit);
 impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
     const ALL_RINGS: bool = false;
 
+    #[inline]
     fn make(
         _: &Unit<B, S>,
         delivery: DeliveryOf<B>,
@@ -67,6 +68,7 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
         Ok((free, Raw(delivery, permit)))
     }
 
+    #[inline]
     fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit) {
         (self.0, None, self.1)
     }
@@ -117,11 +119,13 @@ impl<T> Rings<T> {
         if all {
             return self.rings.iter().all(Ring::has_space).then_some(0);
         }
+        // Round robin without a division per step: `cursor < n` always.
         let n = self.rings.len();
+        let wrap = |i: usize| if i >= n { i - n } else { i };
         let i = (0..n)
-            .map(|k| (*cursor + k) % n)
+            .map(|k| wrap(*cursor + k))
             .find(|&i| self.rings[i].has_space())?;
-        *cursor = (i + 1) % n;
+        *cursor = wrap(i + 1);
         Some(i)
     }
 

@@ -167,6 +167,7 @@ impl JobQueue {
     }
 
     /// A permit if one is free now and no source waits for one.
+    #[inline]
     pub fn try_acquire(self: &Arc<Self>) -> Option<JobPermit> {
         self.try_slot().then(|| JobPermit {
             queue: Arc::clone(self),
