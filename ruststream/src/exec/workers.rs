@@ -223,6 +223,7 @@ impl<D> Pool<D> {
 }
 
 /// Stores the current task's waker in `slot` unless it is already there.
+#[inline]
 fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
     match slot {
         Some(waker) if waker.will_wake(cx.waker()) => {}
