@@ -51,23 +51,17 @@ impl Subscription for MemorySubscription {
 
     #[inline]
     fn try_next(&mut self) -> Option<MemoryDelivery> {
-        let env = self.at_hand()??;
+        // An ended subscription (its connection closed) takes nothing more;
+        // `next` then reports the end.
+        if self.conn.is_closed() {
+            return None;
+        }
+        let env = self.queue.try_pop()?;
         Some(self.delivery(env))
     }
 }
 
 impl MemorySubscription {
-    /// `Some(Some(frame))`; `Some(None)` once the subscription ended (its
-    /// connection closed, or its queue closed and drained); `None` when the
-    /// queue is empty.
-    #[inline]
-    fn at_hand(&self) -> Option<Option<Envelope>> {
-        if self.conn.is_closed() {
-            return Some(None);
-        }
-        self.queue.try_pop()
-    }
-
     #[inline]
     fn delivery(&self, env: Envelope) -> MemoryDelivery {
         MemoryDelivery {

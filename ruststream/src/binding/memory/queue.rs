@@ -80,9 +80,9 @@ impl Lane {
         }
     }
 
-    /// The head frame and its charged bytes.
+    /// The head frame, its charged bytes and the bytes the lane still holds.
     #[inline]
-    fn pop(&mut self) -> Option<(Envelope, usize)> {
+    fn pop(&mut self) -> Option<(Envelope, usize, usize)> {
         let env = self.items.pop_front()?;
         let len = env.frame_bytes();
         self.bytes -= len;
@@ -90,7 +90,7 @@ impl Lane {
             // Give a burst's memory back once it has drained.
             self.items.shrink_to(SHRINK_ABOVE);
         }
-        Some((env, len))
+        Some((env, len, self.bytes))
     }
 }
 
@@ -157,7 +157,7 @@ impl State {
                 .front()
                 .is_some_and(|env| env.subject().starts_with(prefix.as_str()))
             {
-                if let Some((reply, len)) = lane.pop() {
+                if let Some((reply, len, _)) = lane.pop() {
                     bytes += len;
                     replies.push(reply);
                 }
@@ -184,8 +184,7 @@ impl State {
     fn pop(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
         if let [only] = &mut self.lanes[..] {
             // One peer: rounds change nothing, so they cost nothing.
-            let (env, len) = only.pop()?;
-            return Some((env, len, only.bytes));
+            return only.pop();
         }
         self.pop_fair(budget)
     }
@@ -199,8 +198,7 @@ impl State {
             .find(|&at| !self.lanes[at].items.is_empty())?;
         // An empty lane passes the round on to the next one.
         self.cursor = at;
-        let (env, len) = self.lanes[at].pop()?;
-        let left = self.lanes[at].bytes;
+        let (env, len, left) = self.lanes[at].pop()?;
         let now = Instant::now();
         let round = &mut self.round;
         round.records += 1;
@@ -508,15 +506,13 @@ impl Queue {
         }
     }
 
-    /// `Some(Some(frame))`, `Some(None)` when closed, `None` when empty.
+    /// The head frame in fair order, if any (a closed queue holds none).
     #[inline]
-    pub(crate) fn try_pop(&self) -> Option<Option<Envelope>> {
+    pub(crate) fn try_pop(&self) -> Option<Envelope> {
         let mut state = self.lock();
-        if let Some((env, len, left)) = state.pop(&self.round) {
-            self.taken(state, len, left);
-            return Some(Some(env));
-        }
-        state.closed.then_some(None)
+        let (env, len, left) = state.pop(&self.round)?;
+        self.taken(state, len, left);
+        Some(env)
     }
 
     /// The bookkeeping of a frame of `len` bytes just popped under `state`
