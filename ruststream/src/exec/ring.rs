@@ -2,26 +2,33 @@
 //! (RT-5). The feeder is the only producer and checks for space before it
 //! takes a delivery from the broker, so a push never finds the ring full.
 //!
+//! The thread takes everything queued in one swap under the lock (no
+//! element moves) and then works through it without the lock; a slot counts
+//! as taken until its item is in the thread's hand, so the ring, the taken
+//! items and the one in hand never exceed 8 + 1 (RT-5's read-ahead).
+//!
 //! Wake-ups happen only on the edges someone waits for: a push hands the
 //! feeder the waker of a thread that waits (its ring was empty), which the
-//! feeder wakes in a batch before it waits itself; a pop wakes the feeder
-//! only if the ring was full and the feeder waits for space.
+//! feeder wakes in a batch before it waits itself; taking an item wakes the
+//! feeder only if the ring was full and the feeder waits for space.
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Poll, Waker};
 
 /// Slots per ring (RT-5).
 pub(crate) const RING_SLOTS: usize = 8;
 
 pub(crate) struct Ring<T> {
     state: Mutex<RingState<T>>,
-    /// `items.len()`, written under the lock and read without it: the feeder
-    /// (the only producer) looks for space without taking every ring's
-    /// lock. A stale read errs on the side of "full" only, since the count
-    /// can drop but never rise behind the feeder's back.
+    /// Slots in use: items in the ring plus items the thread took but has
+    /// not started. Read without the lock: the feeder (the only producer)
+    /// looks for space without taking every ring's lock, and the thread
+    /// frees a slot without taking it. A stale read errs on the side of
+    /// "full" only, since the count can drop but never rise behind the
+    /// feeder's back.
     len: AtomicUsize,
 }
 
@@ -61,39 +68,43 @@ impl<T> Ring<T> {
         let mut state = self.lock();
         debug_assert!(state.items.len() < RING_SLOTS, "feeder checks space first");
         state.items.push_back(item);
-        self.len.store(state.items.len(), Ordering::Release);
+        self.len.fetch_add(1, Ordering::AcqRel);
         state.reader.take()
     }
 
-    /// The next item, waiting for one; `None` once closed and drained.
-    /// `freed` runs (outside the lock) when the pop turned a full ring into
-    /// one with a free slot.
-    // A plain `poll_fn` rather than an `async fn` around one: one future
-    // layer less to resume for every delivery.
-    pub(crate) fn pop<'a>(&'a self, freed: impl Fn() + 'a) -> impl Future<Output = Option<T>> + 'a {
-        poll_fn(move |cx| self.poll_pop(cx, &freed))
+    /// Waits until the ring holds items and swaps them all into `taken`
+    /// (empty, with room for [`RING_SLOTS`]); `false` once the ring is closed
+    /// and drained. Each item's slot stays in use until [`start`](Self::start).
+    pub(crate) fn take_all<'a>(
+        &'a self,
+        taken: &'a mut VecDeque<T>,
+    ) -> impl Future<Output = bool> + 'a {
+        debug_assert!(taken.is_empty(), "the thread works through a batch first");
+        poll_fn(move |cx| {
+            let mut state = self.lock();
+            if !state.items.is_empty() {
+                state.reader = None;
+                std::mem::swap(&mut state.items, taken);
+                return Poll::Ready(true);
+            }
+            if state.closed {
+                return Poll::Ready(false);
+            }
+            match &mut state.reader {
+                Some(waker) if waker.will_wake(cx.waker()) => {}
+                reader => *reader = Some(cx.waker().clone()),
+            }
+            Poll::Pending
+        })
     }
 
-    fn poll_pop(&self, cx: &mut Context<'_>, freed: &impl Fn()) -> Poll<Option<T>> {
-        let mut state = self.lock();
-        let was_full = state.items.len() == RING_SLOTS;
-        if let Some(item) = state.items.pop_front() {
-            state.reader = None;
-            self.len.store(state.items.len(), Ordering::Release);
-            drop(state);
-            if was_full {
-                freed();
-            }
-            return Poll::Ready(Some(item));
+    /// The thread starts on an item it took: its slot is free. `freed`
+    /// runs when that turned a full ring into one with room.
+    #[inline]
+    pub(crate) fn start(&self, freed: impl Fn()) {
+        if self.len.fetch_sub(1, Ordering::AcqRel) == RING_SLOTS {
+            freed();
         }
-        if state.closed {
-            return Poll::Ready(None);
-        }
-        match &mut state.reader {
-            Some(waker) if waker.will_wake(cx.waker()) => {}
-            reader => *reader = Some(cx.waker().clone()),
-        }
-        Poll::Pending
     }
 
     /// No more items: the thread drains what is left, then stops.

@@ -10,6 +10,7 @@
 //! until every ring has a free slot before taking a delivery, keeping the
 //! same bound.
 
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,7 +19,7 @@ use std::task::{Poll, Waker};
 use tokio::sync::oneshot;
 
 use super::budget::Budget;
-use super::ring::Ring;
+use super::ring::{RING_SLOTS, Ring};
 use super::sequential::wait_next;
 use super::slot;
 use super::stop::Stop;
@@ -291,24 +292,28 @@ async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
     index: usize,
 ) {
     let ring = &rings.rings[index];
-    while let Some(job) = ring.pop(|| rings.freed()).await {
-        // JQ-4 step 5: the permit returns right before the handler (or after
-        // a malformed record's bounded processing). Each delivery runs inside
-        // this loop's own future (`invoke!`), never in a future moved into it.
-        let (delivery, body, permit) = job.into_parts();
-        let body = match body {
-            Some(body) => body,
-            None => match unit.check(&delivery) {
-                Checked::Body(body) => body,
-                Checked::Early(early) => {
-                    Box::pin(unit.settle_early(delivery, early)).await;
-                    drop(permit);
-                    continue;
-                }
-            },
-        };
-        drop(permit);
-        invoke!(unit, delivery, handle(body));
+    let mut taken = VecDeque::with_capacity(RING_SLOTS);
+    while ring.take_all(&mut taken).await {
+        while let Some(job) = taken.pop_front() {
+            ring.start(|| rings.freed());
+            // JQ-4 step 5: the permit returns right before the handler (or after
+            // a malformed record's bounded processing). Each delivery runs inside
+            // this loop's own future (`invoke!`), never in a future moved into it.
+            let (delivery, body, permit) = job.into_parts();
+            let body = match body {
+                Some(body) => body,
+                None => match unit.check(&delivery) {
+                    Checked::Body(body) => body,
+                    Checked::Early(early) => {
+                        Box::pin(unit.settle_early(delivery, early)).await;
+                        drop(permit);
+                        continue;
+                    }
+                },
+            };
+            drop(permit);
+            invoke!(unit, delivery, handle(body));
+        }
     }
 }
 
