@@ -48,8 +48,14 @@ trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
         n: usize,
     ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)>;
 
-    /// The delivery, the body if the feeder decoded it, and the permit.
-    fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit);
+    /// The delivery, its body and its permit, decoding here (on the
+    /// thread) what the feeder did not; the delivery and its permit back
+    /// when it stops before the handler.
+    #[allow(clippy::type_complexity)]
+    fn open(
+        self,
+        unit: &Unit<B, S>,
+    ) -> Result<(DeliveryOf<B>, S::Body, JobPermit), (DeliveryOf<B>, Early, JobPermit)>;
 }
 
 /// A raw delivery, decoded by its thread, into the next ring with room.
@@ -70,8 +76,15 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
     }
 
     #[inline]
-    fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit) {
-        (self.0, None, self.1)
+    fn open(
+        self,
+        unit: &Unit<B, S>,
+    ) -> Result<(DeliveryOf<B>, S::Body, JobPermit), (DeliveryOf<B>, Early, JobPermit)> {
+        let Raw(delivery, permit) = self;
+        match unit.check(&delivery) {
+            Checked::Body(body) => Ok((delivery, body, permit)),
+            Checked::Early(early) => Err((delivery, early, permit)),
+        }
     }
 }
 
@@ -97,8 +110,12 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
         }
     }
 
-    fn into_parts(self) -> (DeliveryOf<B>, Option<S::Body>, JobPermit) {
-        (self.0, Some(self.1), self.2)
+    #[inline]
+    fn open(
+        self,
+        _: &Unit<B, S>,
+    ) -> Result<(DeliveryOf<B>, S::Body, JobPermit), (DeliveryOf<B>, Early, JobPermit)> {
+        Ok((self.0, self.1, self.2))
     }
 }
 
@@ -299,20 +316,16 @@ async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
             // JQ-4 step 5: the permit returns right before the handler (or after
             // a malformed record's bounded processing). Each delivery runs inside
             // this loop's own future (`invoke!`), never in a future moved into it.
-            let (delivery, body, permit) = job.into_parts();
-            let body = match body {
-                Some(body) => body,
-                None => match unit.check(&delivery) {
-                    Checked::Body(body) => body,
-                    Checked::Early(early) => {
-                        Box::pin(unit.settle_early(delivery, early)).await;
-                        drop(permit);
-                        continue;
-                    }
-                },
-            };
-            drop(permit);
-            invoke!(unit, delivery, handle(body));
+            match job.open(unit) {
+                Ok((delivery, body, permit)) => {
+                    drop(permit);
+                    invoke!(unit, delivery, handle(body));
+                }
+                Err((delivery, early, permit)) => {
+                    Box::pin(unit.settle_early(delivery, early)).await;
+                    drop(permit);
+                }
+            }
         }
     }
 }
