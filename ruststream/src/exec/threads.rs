@@ -38,15 +38,18 @@ trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
     /// it learns the ring only after taking the delivery) or any one.
     const ALL_RINGS: bool;
 
-    /// The job and its ring (`free` had a slot); the delivery and its permit
-    /// back when it stops before the handler (settled by the feeder).
-    fn make(
+    /// Makes the job and pushes it into its ring (`free` had a slot),
+    /// returning the waker of a thread that waits for it; the delivery and
+    /// its permit back when it stops before the handler (settled by the
+    /// feeder).
+    #[allow(clippy::type_complexity)]
+    fn push(
         unit: &Unit<B, S>,
+        rings: &[Ring<Self>],
         delivery: DeliveryOf<B>,
         permit: JobPermit,
         free: usize,
-        n: usize,
-    ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)>;
+    ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)>;
 
     /// The delivery, its body and its permit, decoding here (on the
     /// thread) what the feeder did not; the delivery and its permit back
@@ -65,14 +68,14 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
     const ALL_RINGS: bool = false;
 
     #[inline]
-    fn make(
+    fn push(
         _: &Unit<B, S>,
+        rings: &[Ring<Self>],
         delivery: DeliveryOf<B>,
         permit: JobPermit,
         free: usize,
-        _: usize,
-    ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)> {
-        Ok((free, Raw(delivery, permit)))
+    ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)> {
+        Ok(rings[free].push(Raw(delivery, permit)))
     }
 
     #[inline]
@@ -94,17 +97,18 @@ struct Decoded<D, Body>(D, Body, JobPermit);
 impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
     const ALL_RINGS: bool = true;
 
-    fn make(
+    fn push(
         unit: &Unit<B, S>,
+        rings: &[Ring<Self>],
         delivery: DeliveryOf<B>,
         permit: JobPermit,
         _: usize,
-        n: usize,
-    ) -> Result<(usize, Self), (DeliveryOf<B>, Early, JobPermit)> {
+    ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)> {
         match unit.check(&delivery) {
             Checked::Body(body) => {
                 let key = unit.subscriber.key(&body, delivery.envelope());
-                Ok((slot(key, n), Decoded(delivery, body, permit)))
+                let ring = &rings[slot(key, rings.len())];
+                Ok(ring.push(Decoded(delivery, body, permit)))
             }
             Checked::Early(early) => Err((delivery, early, permit)),
         }
@@ -281,17 +285,14 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
                 delivery
             }
         };
-        let (ring, job) = match J::make(&unit, delivery, permit, target, n) {
-            Ok(job) => job,
+        match J::push(&unit, &rings.rings, delivery, permit, target) {
+            Ok(Some(waker)) => wakes.0.push(waker),
+            Ok(None) => {}
             Err((delivery, early, permit)) => {
                 wakes.flush();
                 Box::pin(unit.settle_early(delivery, early)).await;
                 drop(permit);
-                continue;
             }
-        };
-        if let Some(waker) = rings.rings[ring].push(job) {
-            wakes.0.push(waker);
         }
     }
     drop(wakes);
