@@ -564,3 +564,38 @@ async fn close_ends_subscriptions_and_later_calls_fail_clearly() {
     assert!(matches!(err, Error::Closed(_)), "{err:?}");
     assert!(broker.subscribe(SubscribeOptions::new("c")).await.is_err());
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_task_that_only_publishes_lets_the_other_tasks_of_its_runtime_run() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const N: usize = 20_000;
+    let broker = MemoryBroker::new();
+    let _sub = broker.subscribe(SubscribeOptions::new("q")).await.unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let turns = Arc::new(AtomicUsize::new(0));
+    let ticker = tokio::spawn({
+        let (done, turns) = (Arc::clone(&done), Arc::clone(&turns));
+        async move {
+            while !done.load(Ordering::SeqCst) {
+                turns.fetch_add(1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    // Let the ticker start, then publish without any other await.
+    tokio::task::yield_now().await;
+    let before = turns.load(Ordering::SeqCst);
+    for _ in 0..N {
+        broker.publish_message("q", payload(8), None).await.unwrap();
+    }
+    let during = turns.load(Ordering::SeqCst) - before;
+    done.store(true, Ordering::SeqCst);
+    ticker.await.unwrap();
+    // One unit of tokio's budget (128 per poll) per 16 publishes.
+    let floor = N / 2048 / 2;
+    assert!(
+        during >= floor,
+        "{during} turns while publishing, want >= {floor}"
+    );
+}

@@ -518,10 +518,7 @@ impl Future for Publish<'_, '_> {
                 } else {
                     // Cooperative budget: a publisher that never has to wait
                     // still lets the other tasks of its runtime run.
-                    if crate::exec::budget::spend_thread_budget() {
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
-                    }
+                    ready!(crate::exec::budget::poll_publish(cx));
                     let message = take_message(message);
                     match inner.publish_now(peer, subject, message, this.request) {
                         Ok(()) => return Poll::Ready(Ok(())),
