@@ -247,6 +247,7 @@ impl JobQueue {
         }
     }
 
+    #[inline]
     fn taken(&self) {
         let in_use = self.in_use.fetch_add(1, Ordering::AcqRel) + 1;
         self.in_use_gauge.set(in_use as f64);
@@ -255,6 +256,7 @@ impl JobQueue {
         }
     }
 
+    #[inline]
     fn release(&self) {
         let in_use = self.in_use.fetch_sub(1, Ordering::AcqRel) - 1;
         if self.waiters.load(Ordering::SeqCst) == 0 {
