@@ -39,7 +39,7 @@ median() { tr -s ' \n' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print
 ir() {
     local out
     out=$(mktemp /tmp/ruststream-bench.callgrind.XXXXXX)
-    RUSTSTREAM_BENCH_RT=current valgrind --tool=callgrind --callgrind-out-file="$out" \
+    RUSTSTREAM_BENCH_RT=current valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file="$out" \
         --toggle-collect='*payload::build*' --toggle-collect='*payload::discard*' \
         --collect-atstart=yes "$bin" "$1" "$2" >/dev/null 2>&1
     awk '/^(summary|totals):/ { print $2; exit }' "$out"
