@@ -56,12 +56,18 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
+    // An idle worker reserved by the last hand-off, if one was idle then.
+    let mut reserved = None;
     loop {
         // No race with `stop` here: a worker always ends its delivery, and the
         // loop then sees the stop before it takes another one (`next`), so
         // the loop ends exactly when it would have (after its workers).
-        let Some(id) = pool.idle().await else {
-            break;
+        let id = match reserved.take() {
+            Some(id) => id,
+            None => match pool.idle().await {
+                Some(id) => id,
+                None => break,
+            },
         };
         // Permit before receive (JQ-4); it travels with the delivery.
         let Some(permit) = super::take_permit!(&jobs, &stop) else {
@@ -70,7 +76,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut(), &mut budget) else {
             break;
         };
-        pool.hand(id, (delivery, permit));
+        reserved = pool.hand(id, (delivery, permit));
     }
     drop(closer);
     for worker in workers {
@@ -102,6 +108,9 @@ struct Mailbox<D> {
     waker: Option<Waker>,
     /// True while the worker's id is on the idle stack.
     listed: bool,
+    /// True from its reservation by the loop until its delivery arrives: a
+    /// reserved worker polled meanwhile must not list itself again.
+    reserved: bool,
 }
 
 impl<D> Pool<D> {
@@ -114,6 +123,7 @@ impl<D> Pool<D> {
                         item: None,
                         waker: None,
                         listed: false,
+                        reserved: false,
                     })
                     .collect(),
                 loop_waker: None,
@@ -133,7 +143,9 @@ impl<D> Pool<D> {
     fn pop_idle(state: &mut PoolState<D>) -> Result<usize, bool> {
         match state.idle.pop() {
             Some(id) => {
-                state.mailboxes[id].listed = false;
+                let mailbox = &mut state.mailboxes[id];
+                mailbox.listed = false;
+                mailbox.reserved = true;
                 Ok(id)
             }
             None => Err(state.alive > 0),
@@ -159,18 +171,24 @@ impl<D> Pool<D> {
     }
 
     /// Puts a delivery into the mailbox of a worker reserved by
-    /// [`idle`](Self::idle), and wakes it.
-    fn hand(&self, id: usize, delivery: D) {
+    /// [`idle`](Self::idle), and wakes it. Under the same lock, reserves the
+    /// next idle worker if there is one, for the next delivery: the loop
+    /// then needs no lock of its own to find it. (A reserved worker waits
+    /// like any other; closing the mailboxes ends it.)
+    fn hand(&self, id: usize, delivery: D) -> Option<usize> {
         let mut state = self.lock();
+        let next = Self::pop_idle(&mut state).ok();
         let mailbox = &mut state.mailboxes[id];
         debug_assert!(mailbox.item.is_none(), "an idle worker's mailbox is empty");
         mailbox.item = Some(delivery);
+        mailbox.reserved = false;
         // Woken by reference and left in place: the worker's next wait
         // finds its own waker there and stores no clone. (Under the lock:
         // a tokio waker only schedules the task, it never runs it here.)
         if let Some(waker) = &mailbox.waker {
             waker.wake_by_ref();
         }
+        next
     }
 
     /// The next delivery of worker `id`: announces the worker idle (waking
@@ -193,7 +211,7 @@ impl<D> Pool<D> {
             return Poll::Ready(None);
         }
         register(&mut mailbox.waker, cx);
-        if mailbox.listed {
+        if mailbox.listed || mailbox.reserved {
             return Poll::Pending;
         }
         mailbox.listed = true;
@@ -252,5 +270,30 @@ impl<D> Drop for Alive<'_, D> {
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll, Waker};
+
+    use super::Pool;
+
+    #[test]
+    fn a_reserved_worker_polled_again_is_not_listed_twice() {
+        let pool = Pool::<u32>::new(1);
+        let mut cx = Context::from_waker(Waker::noop());
+        // The worker waits: it is listed idle once.
+        assert!(pool.poll_recv(0, &mut cx).is_pending());
+        let id = Pool::pop_idle(&mut pool.lock()).expect("the worker is idle");
+        // Polled again (a spurious wake) while reserved: not listed again,
+        // so no second delivery can be handed to its mailbox of one.
+        assert!(pool.poll_recv(0, &mut cx).is_pending());
+        assert_eq!(Pool::pop_idle(&mut pool.lock()), Err(true), "listed once");
+        assert_eq!(pool.hand(id, 7), None, "no other worker is idle");
+        assert_eq!(pool.poll_recv(0, &mut cx), Poll::Ready(Some(7)));
+        // Back to waiting: listed, and reserved by the next hand-off.
+        assert!(pool.poll_recv(0, &mut cx).is_pending());
+        assert_eq!(Pool::pop_idle(&mut pool.lock()), Ok(0));
     }
 }
