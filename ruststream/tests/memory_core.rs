@@ -179,54 +179,6 @@ async fn jq24_18_full_hwm_pushes_backpressure_to_the_sender_and_drops_nothing() 
     assert_eq!(broker.queued_bytes(), 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn waiting_publish_lands_once_space_frees() {
-    let broker = MemoryBroker::builder()
-        .hwm(CoreHwm::default().budget_bytes(2 * frame(50)))
-        .build();
-    let mut sub = broker.subscribe(SubscribeOptions::new("q")).await.unwrap();
-    broker
-        .publish_message("q", Message::new(vec![1u8; 50]), None)
-        .await
-        .unwrap();
-    broker
-        .publish_message("q", Message::new(vec![2u8; 50]), None)
-        .await
-        .unwrap();
-
-    let waiting = tokio::spawn({
-        let broker = broker.clone();
-        async move {
-            broker
-                .publish_message(
-                    "q",
-                    Message::new(vec![3u8; 50]),
-                    Some(Instant::now() + Duration::from_secs(3600)),
-                )
-                .await
-        }
-    });
-    settle_tasks().await;
-    assert!(
-        !waiting.is_finished(),
-        "the third publish must wait for space"
-    );
-    assert_eq!(broker.queued_bytes(), 2 * frame(50));
-
-    let first = sub.next().await.unwrap(); // frees 50 bytes
-    within(5, "the waiting publish", waiting)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(first.envelope().payload()[0], 1);
-    first.ack().await.unwrap();
-    for expected in [2u8, 3] {
-        let d = sub.next().await.unwrap();
-        assert_eq!(d.envelope().payload()[0], expected);
-        d.ack().await.unwrap();
-    }
-}
-
 /// A full lane and one publish waiting for it, with `deadline`.
 async fn full_lane_and_a_waiter(
     frames: usize,
@@ -261,6 +213,26 @@ async fn full_lane_and_a_waiter(
     settle_tasks().await;
     assert!(!waiting.is_finished(), "the publish waits for space");
     (broker, sub, waiting)
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_publish_lands_once_space_frees() {
+    // Frames 0 and 1 fill the lane; frame 2 waits.
+    let (broker, mut sub, waiting) = full_lane_and_a_waiter(2, Duration::from_secs(3600)).await;
+    assert_eq!(broker.queued_bytes(), 2 * frame(50));
+
+    let first = sub.next().await.unwrap(); // frees 50 bytes
+    within(5, "the waiting publish", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.envelope().payload()[0], 0);
+    first.ack().await.unwrap();
+    for expected in [1u8, 2] {
+        let d = sub.next().await.unwrap();
+        assert_eq!(d.envelope().payload()[0], expected);
+        d.ack().await.unwrap();
+    }
 }
 
 #[tokio::test(start_paused = true)]
