@@ -302,6 +302,88 @@ async fn rt5_threads_read_ahead_is_n_times_9_and_handlers_run_on_dedicated_threa
     );
 }
 
+// An idle dedicated thread parks on its ring while its runtime has no task;
+// tasks spawned there (RT-11) still run while it waits for deliveries.
+
+static TIMER_TASK_DONE: Notify = Notify::const_new();
+
+#[subscriber("modes.threads_spawn", threads(1))]
+async fn spawns_a_timer_task(_item: Bytes) {
+    tokio::spawn(async {
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        TIMER_TASK_DONE.notify_one();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt11_a_task_spawned_on_a_dedicated_thread_runs_while_the_thread_idles() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(spawns_a_timer_task)
+        .start()
+        .await
+        .unwrap();
+    broker
+        .publish_message("modes.threads_spawn", Message::new(vec![1u8; 4]), None)
+        .await
+        .unwrap();
+    // No further delivery comes: only the thread's own runtime can fire the
+    // task's timers.
+    within(
+        10,
+        "the spawned task's timers while its thread has no delivery",
+        TIMER_TASK_DONE.notified(),
+    )
+    .await;
+    running.shutdown().await.unwrap();
+}
+
+static THREAD_HANDLE: Mutex<Option<tokio::runtime::Handle>> = Mutex::new(None);
+static THREAD_HANDLE_SET: Notify = Notify::const_new();
+
+#[subscriber("modes.threads_handle", threads(1))]
+async fn shares_its_runtime(_item: Bytes) {
+    *THREAD_HANDLE.lock().unwrap() = Some(tokio::runtime::Handle::current());
+    THREAD_HANDLE_SET.notify_one();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_spawned_onto_an_idle_dedicated_thread_from_outside_runs() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(shares_its_runtime)
+        .start()
+        .await
+        .unwrap();
+    broker
+        .publish_message("modes.threads_handle", Message::new(vec![1u8; 4]), None)
+        .await
+        .unwrap();
+    within(
+        10,
+        "the handler to share its runtime",
+        THREAD_HANDLE_SET.notified(),
+    )
+    .await;
+    let handle = THREAD_HANDLE.lock().unwrap().take().unwrap();
+    // The thread has no delivery left and parks; the task's wake-up goes to
+    // its runtime's driver, which the thread finds on its next recheck.
+    let expected = handle.id();
+    let ran_on = within(
+        10,
+        "a task spawned onto the idle thread's runtime",
+        handle.spawn(async { tokio::runtime::Handle::current().id() }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ran_on, expected);
+    running.shutdown().await.unwrap();
+}
+
 static TK_VIOLATIONS: AtomicU32 = AtomicU32::new(0);
 static TK_LAST: Mutex<Option<HashMap<u32, u32>>> = Mutex::new(None);
 static TK_DONE: AtomicU32 = AtomicU32::new(0);

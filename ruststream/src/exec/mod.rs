@@ -11,6 +11,7 @@ pub(crate) mod budget;
 pub(crate) mod by_key;
 pub(crate) mod owners;
 pub(crate) mod ring;
+pub(crate) mod ring_wait;
 pub(crate) mod sequential;
 pub(crate) mod stop;
 pub(crate) mod threads;

@@ -17,6 +17,7 @@ use std::future::{Future, poll_fn};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Poll, Waker};
+use std::time::Duration;
 
 /// Slots per ring (RT-5).
 pub(crate) const RING_SLOTS: usize = 8;
@@ -79,23 +80,47 @@ impl<T> Ring<T> {
         &'a self,
         taken: &'a mut VecDeque<T>,
     ) -> impl Future<Output = bool> + 'a {
+        poll_fn(move |cx| self.poll_take_all(taken, cx.waker()))
+    }
+
+    /// [`take_all`](Self::take_all) for a thread that parks itself, not a
+    /// task: `unpark` wakes it. Every `recheck` (and after each wake-up) it
+    /// asks `idle` and returns `None` once it should wait in its runtime
+    /// instead.
+    pub(crate) fn take_all_parked(
+        &self,
+        taken: &mut VecDeque<T>,
+        unpark: &Waker,
+        recheck: Duration,
+        idle: impl Fn() -> bool,
+    ) -> Option<bool> {
+        loop {
+            if let Poll::Ready(more) = self.poll_take_all(taken, unpark) {
+                return Some(more);
+            }
+            std::thread::park_timeout(recheck);
+            if !idle() {
+                return None;
+            }
+        }
+    }
+
+    fn poll_take_all(&self, taken: &mut VecDeque<T>, waker: &Waker) -> Poll<bool> {
         debug_assert!(taken.is_empty(), "the thread works through a batch first");
-        poll_fn(move |cx| {
-            let mut state = self.lock();
-            if !state.items.is_empty() {
-                state.reader = None;
-                std::mem::swap(&mut state.items, taken);
-                return Poll::Ready(true);
-            }
-            if state.closed {
-                return Poll::Ready(false);
-            }
-            match &mut state.reader {
-                Some(waker) if waker.will_wake(cx.waker()) => {}
-                reader => *reader = Some(cx.waker().clone()),
-            }
-            Poll::Pending
-        })
+        let mut state = self.lock();
+        if !state.items.is_empty() {
+            state.reader = None;
+            std::mem::swap(&mut state.items, taken);
+            return Poll::Ready(true);
+        }
+        if state.closed {
+            return Poll::Ready(false);
+        }
+        match &mut state.reader {
+            Some(reader) if reader.will_wake(waker) => {}
+            reader => *reader = Some(waker.clone()),
+        }
+        Poll::Pending
     }
 
     /// The thread starts on an item it took: its slot is free. `freed`

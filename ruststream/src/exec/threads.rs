@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 
 use super::budget::Budget;
 use super::ring::{RING_SLOTS, Ring};
+use super::ring_wait::RingWait;
 use super::sequential::wait_next;
 use super::slot;
 use super::stop::Stop;
@@ -341,8 +342,9 @@ async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
     index: usize,
 ) {
     let ring = &rings.rings[index];
+    let wait = RingWait::new();
     let mut taken = VecDeque::with_capacity(RING_SLOTS);
-    while ring.take_all(&mut taken).await {
+    while wait.take_all(ring, &mut taken).await {
         while let Some(job) = taken.pop_front() {
             ring.start(|| rings.freed());
             // JQ-4 step 5: the permit returns right before the handler (or after

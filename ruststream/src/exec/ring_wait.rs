@@ -1,0 +1,66 @@
+//! How a dedicated thread (RT-5) waits for its ring.
+//!
+//! Waiting in Tokio's driver costs a turn of its time and I/O drivers per
+//! wake-up (~750 instructions, once per ring batch: a large share of what a
+//! `threads(n)` delivery costs). While the thread's runtime has no task of
+//! its own (a handler may `tokio::spawn` there, RT-11), nothing but the ring
+//! can give it work, so it parks the OS thread on the ring instead and the
+//! feeder's wake-up is one futex call. With tasks alive it waits in Tokio's
+//! driver, so they run.
+//!
+//! A task spawned onto an idle thread's runtime from another thread (through
+//! a captured `Handle`) wakes Tokio's driver, not the parked thread: the
+//! thread sees it at the next [`RECHECK`] and switches to Tokio's driver.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::task::{Wake, Waker};
+use std::thread::Thread;
+use std::time::Duration;
+
+use tokio::runtime::RuntimeMetrics;
+
+use super::ring::Ring;
+
+/// How often a parked thread looks for tasks spawned onto its runtime from
+/// elsewhere.
+pub(crate) const RECHECK: Duration = Duration::from_millis(100);
+
+pub(crate) struct RingWait {
+    /// Wakes this OS thread out of `std::thread::park`.
+    unpark: Waker,
+    runtime: RuntimeMetrics,
+}
+
+impl RingWait {
+    /// For the calling thread; call it inside the thread's runtime.
+    pub(crate) fn new() -> Self {
+        RingWait {
+            unpark: Waker::from(Arc::new(Unpark(std::thread::current()))),
+            runtime: tokio::runtime::Handle::current().metrics(),
+        }
+    }
+
+    /// [`Ring::take_all`], parking the OS thread while the runtime is idle.
+    pub(crate) async fn take_all<T>(&self, ring: &Ring<T>, taken: &mut VecDeque<T>) -> bool {
+        let idle = || self.runtime.num_alive_tasks() == 0;
+        if idle()
+            && let Some(more) = ring.take_all_parked(taken, &self.unpark, RECHECK, idle)
+        {
+            return more;
+        }
+        ring.take_all(taken).await
+    }
+}
+
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
