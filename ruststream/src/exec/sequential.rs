@@ -20,7 +20,7 @@ use crate::subscriber::SendSubscriber;
 /// `$stopped` is the loop's own `stop.wait()`, pinned once: it registers on
 /// the first wait and stays registered, so a wait costs no registration of
 /// its own. After `None` the loop ends (a finished `$stopped` must not be
-/// polled again). `$budget` is the loop's [`Budget`](super::budget::Budget):
+/// polled again). `$budget` is the loop's [`Budget`]:
 /// a loop with a backlog yields to the other tasks of its runtime every so
 /// many deliveries.
 macro_rules! next {
@@ -81,7 +81,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     }
 }
 
-/// [`next!`] after [`at_hand`] found nothing: [`Subscription::next`] unless
+/// [`next!`] after `Subscription::try_next` found nothing: [`Subscription::next`] unless
 /// `stopped` comes first. By hand rather than `select!`: the subscription
 /// first, and the stop signal only while the subscription is pending.
 pub(crate) async fn wait_next<S: Subscription>(

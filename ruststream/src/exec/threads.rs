@@ -3,7 +3,8 @@
 //! feeder takes a delivery from the broker only when a ring has a free slot,
 //! so read-ahead never exceeds `n × 9` (8 in the ring, 1 in hand). A thread
 //! runs the whole delivery, decode to ack, on its own runtime; the handler
-//! future may therefore be `!Send`.
+//! future may therefore be `!Send`. An idle thread waits for its ring as
+//! [`ring_wait`](super::ring_wait) describes.
 //!
 //! With `by_key`, the feeder decodes (to compute the key) and routes every
 //! key to one thread, so a key's deliveries run in arrival order; it waits
