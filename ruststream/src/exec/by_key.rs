@@ -74,7 +74,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         }
         // Permit before receive (JQ-4); it travels with the delivery into
         // the owner FIFO.
-        let Some(permit) = super::take_permit!(&jobs, &stop) else {
+        let Some(permit) = super::take_permit!(jobs.try_acquire(), jobs.acquire(), &stop) else {
             break;
         };
         let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut(), &mut budget) else {

@@ -18,47 +18,30 @@ pub(crate) mod threads;
 pub(crate) mod workers;
 
 use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
 
-use crate::ingress::{BorrowedPermit, JobPermit, JobQueue};
 use stop::Stop;
 
-/// [`permit`] with its common case inline: a free permit is taken without
-/// building the wait's future (it is on every delivery's path). `None`
-/// when `stop` came first.
+/// JQ-4 step 1: a job permit before the next record is taken from the
+/// binding, `None` when `stop` came first. `$try` takes a free permit
+/// inline, without building the wait's future (it is on every delivery's
+/// path); only when none is free is `$wait` built and awaited
+/// ([`wait_permit`]).
 macro_rules! take_permit {
-    ($jobs:expr, $stop:expr) => {
-        match $jobs.try_acquire() {
+    ($try:expr, $wait:expr, $stop:expr) => {
+        match $try {
             Some(permit) => Some(permit),
-            None => $crate::exec::permit($jobs, $stop).await,
+            None => $crate::exec::wait_permit($wait, $stop).await,
         }
     };
 }
 pub(crate) use take_permit;
 
-/// JQ-4 step 1: a job permit before the next record is taken from the
-/// binding, unless `stop` comes first. The oldest waiting source is served
-/// first (JQ-7); a cancelled wait takes nothing (JQ-11).
-pub(crate) async fn permit(jobs: &Arc<JobQueue>, stop: &Stop) -> Option<JobPermit> {
-    if let Some(permit) = jobs.try_acquire() {
-        return Some(permit);
-    }
+/// Waits for a permit (`wait`: the oldest waiting source is served first,
+/// JQ-7), unless `stop` comes first; a cancelled wait takes nothing (JQ-11).
+pub(crate) async fn wait_permit<P>(wait: impl Future<Output = P>, stop: &Stop) -> Option<P> {
     tokio::select! {
         biased;
-        permit = jobs.acquire() => Some(permit),
-        () = stop.wait() => None,
-    }
-}
-
-/// [`permit`] for the default loop, which keeps `jobs` alive itself: the
-/// permit borrows it.
-pub(crate) async fn borrowed_permit<'a>(
-    jobs: &'a JobQueue,
-    stop: &Stop,
-) -> Option<BorrowedPermit<'a>> {
-    tokio::select! {
-        biased;
-        permit = jobs.acquire_borrowed() => Some(permit),
+        permit = wait => Some(permit),
         () = stop.wait() => None,
     }
 }

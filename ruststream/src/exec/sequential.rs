@@ -56,13 +56,11 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
     loop {
-        // JQ-4 step 1; the wait (with its stop race) only when none is free.
-        let permit = match jobs.try_acquire_borrowed() {
-            Some(permit) => permit,
-            None => match super::borrowed_permit(&jobs, &stop).await {
-                Some(permit) => permit,
-                None => break,
-            },
+        // JQ-4 step 1. The permit borrows `jobs`, which this loop keeps alive.
+        let Some(permit) =
+            super::take_permit!(jobs.try_acquire_borrowed(), jobs.acquire_borrowed(), &stop)
+        else {
+            break;
         };
         let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut(), &mut budget) else {
             break;

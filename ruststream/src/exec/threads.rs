@@ -291,7 +291,7 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
             Some(permit) => permit,
             None => {
                 wakes.flush();
-                let Some(permit) = super::permit(&jobs, &stop).await else {
+                let Some(permit) = super::wait_permit(jobs.acquire(), &stop).await else {
                     break;
                 };
                 permit
