@@ -53,16 +53,6 @@ trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
         free: usize,
     ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)>;
 
-    /// Pushes a job the feeder does not decode (`ALL_RINGS` is false) into
-    /// ring `free`: [`push`](Self::push) without a result to look at, since
-    /// such a job never stops before its thread.
-    fn push_raw(
-        rings: &[Ring<Self>],
-        delivery: DeliveryOf<B>,
-        permit: JobPermit,
-        free: usize,
-    ) -> Option<Waker>;
-
     /// The delivery, its body and its permit, decoding here (on the
     /// thread) what the feeder did not; the delivery and its permit back
     /// when it stops before the handler.
@@ -87,17 +77,7 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
         permit: JobPermit,
         free: usize,
     ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)> {
-        Ok(<Self as Job<B, S>>::push_raw(rings, delivery, permit, free))
-    }
-
-    #[inline]
-    fn push_raw(
-        rings: &[Ring<Self>],
-        delivery: DeliveryOf<B>,
-        permit: JobPermit,
-        free: usize,
-    ) -> Option<Waker> {
-        rings[free].push(Raw(delivery, permit))
+        Ok(rings[free].push(Raw(delivery, permit)))
     }
 
     #[inline]
@@ -134,10 +114,6 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
             }
             Checked::Early(early) => Err((delivery, early, permit)),
         }
-    }
-
-    fn push_raw(_: &[Ring<Self>], _: DeliveryOf<B>, _: JobPermit, _: usize) -> Option<Waker> {
-        unreachable!("the feeder decodes keyed jobs (`ALL_RINGS`)")
     }
 
     #[inline]
@@ -311,13 +287,6 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
                 delivery
             }
         };
-        if !J::ALL_RINGS {
-            // The common case, with nothing to settle here.
-            if let Some(waker) = J::push_raw(&rings.rings, delivery, permit, target) {
-                wakes.0.push(waker);
-            }
-            continue;
-        }
         match J::push(&unit, &rings.rings, delivery, permit, target) {
             Ok(Some(waker)) => wakes.0.push(waker),
             Ok(None) => {}
