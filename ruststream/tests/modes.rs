@@ -305,6 +305,25 @@ async fn rt5_threads_read_ahead_is_n_times_9_and_handlers_run_on_dedicated_threa
 // An idle dedicated thread parks on its ring while its runtime has no task;
 // tasks spawned there (RT-11) still run while it waits for deliveries.
 
+/// An app running `subscriber` alone, after one delivery to `subject`.
+async fn after_one_delivery<M>(
+    subscriber: impl IntoSubscriber<M>,
+    subject: &str,
+) -> ruststream::RunningApp {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(subscriber)
+        .start()
+        .await
+        .unwrap();
+    broker
+        .publish_message(subject, Message::new(vec![1u8; 4]), None)
+        .await
+        .unwrap();
+    running
+}
+
 static TIMER_TASK_DONE: Notify = Notify::const_new();
 
 #[subscriber("modes.threads_spawn", threads(1))]
@@ -319,17 +338,7 @@ async fn spawns_a_timer_task(_item: Bytes) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rt11_a_task_spawned_on_a_dedicated_thread_runs_while_the_thread_idles() {
-    let broker = MemoryBroker::new();
-    let running = App::new()
-        .broker(broker.clone())
-        .subscriber(spawns_a_timer_task)
-        .start()
-        .await
-        .unwrap();
-    broker
-        .publish_message("modes.threads_spawn", Message::new(vec![1u8; 4]), None)
-        .await
-        .unwrap();
+    let running = after_one_delivery(spawns_a_timer_task, "modes.threads_spawn").await;
     // No further delivery comes: only the thread's own runtime can fire the
     // task's timers.
     within(
@@ -352,17 +361,7 @@ async fn shares_its_runtime(_item: Bytes) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_spawned_onto_an_idle_dedicated_thread_from_outside_runs() {
-    let broker = MemoryBroker::new();
-    let running = App::new()
-        .broker(broker.clone())
-        .subscriber(shares_its_runtime)
-        .start()
-        .await
-        .unwrap();
-    broker
-        .publish_message("modes.threads_handle", Message::new(vec![1u8; 4]), None)
-        .await
-        .unwrap();
+    let running = after_one_delivery(shares_its_runtime, "modes.threads_handle").await;
     within(
         10,
         "the handler to share its runtime",
