@@ -131,7 +131,8 @@ fn parse_args(args: TokenStream) -> darling::Result<Args> {
 enum Source {
     Body,
     Ctx,
-    State,
+    /// A `State<T>`, with its type.
+    State(Box<Type>),
 }
 
 /// The extractor a parameter type names, by its last path segment: `Ctx`,
@@ -142,7 +143,7 @@ fn extractor(ty: &Type) -> Option<Source> {
     if last.ident == "Ctx" {
         Some(Source::Ctx)
     } else if last.ident == "State" && !last.arguments.is_empty() {
-        Some(Source::State)
+        Some(Source::State(Box::new(ty.clone())))
     } else {
         None
     }
@@ -322,8 +323,18 @@ fn generate(
     let call_args = sources.iter().map(|s| match s {
         Source::Body => quote!(__body),
         Source::Ctx => quote!(__scope.ctx()),
-        Source::State => quote!(__scope.state()),
+        Source::State(_) => quote!(__scope.state()),
     });
+    // Checked at `App::start`: a missing state is a startup error.
+    let states = sources.iter().filter_map(|s| match s {
+        Source::State(ty) => Some(quote!(::ruststream::__private::state_key::<#ty>())),
+        _ => None,
+    });
+    let required_state = quote! {
+        fn required_state(&self) -> ::std::vec::Vec<::ruststream::StateKey> {
+            ::std::vec![#(#states),*]
+        }
+    };
     let options = &args.options;
     config.extend(mode::config_calls(
         options.workers.as_ref(),
@@ -444,6 +455,8 @@ fn generate(
                 }
 
                 #key_fn
+
+                #required_state
 
                 #[allow(unused_variables)]
                 fn handle(

@@ -53,6 +53,7 @@ mod pipeline;
 mod publish;
 mod publisher;
 mod subscriber;
+mod sync;
 mod tasks;
 mod text;
 
@@ -84,7 +85,9 @@ pub use exec::key_hash;
 pub use message::{Envelope, FRAME_OVERHEAD, Headers, Message, header};
 pub use publish::{Publish, reply_result};
 pub use publisher::Publisher;
-pub use subscriber::{Mode, Outcome, Scope, SendSubscriber, State, Subscriber, SubscriberConfig};
+pub use subscriber::{
+    Mode, Outcome, Scope, SendSubscriber, State, StateKey, Subscriber, SubscriberConfig,
+};
 pub use text::Text;
 
 pub use ruststream_macros::{app, subscriber};

@@ -293,10 +293,12 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// A request its owner FIFO refused (JQ-10, JQ-21): the caller gets
     /// `Error::StructuralLimit` at once, and the delivery is settled — the
     /// refusal is its outcome, told to the one caller that can act on it.
-    pub(crate) async fn refuse<D: Delivery>(&self, delivery: D, err: crate::Error) {
+    /// `reason` is said once, in plain words: the caller's error adds what
+    /// kind of failure it is.
+    pub(crate) async fn refuse<D: Delivery>(&self, delivery: D, reason: &str) {
         metrics::structural_reject(&self.config.subject);
-        tracing::warn!(subject = %self.config.subject, error = %err, "request refused by a structural limit");
-        self.reply(&delivery, error_reply(&err.to_string()), "structural-limit")
+        tracing::warn!(subject = %self.config.subject, reason, "request refused by a structural limit");
+        self.reply(&delivery, error_reply(reason), "structural-limit")
             .await;
         self.settled(delivery.ack().await);
     }

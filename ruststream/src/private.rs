@@ -8,7 +8,25 @@ pub use bytes::Bytes;
 
 pub use crate::exec::key_hash;
 pub use crate::subscriber::Outcome;
-pub use crate::{__outcome as outcome, Ctx, HandlerError, SubscriberConfig};
+pub use crate::{__outcome as outcome, Ctx, HandlerError, StateKey, SubscriberConfig};
+
+/// The key of a `State<T>` argument, for the generated
+/// `Subscriber::required_state`.
+pub fn state_key<S: StateArg>() -> StateKey {
+    S::key()
+}
+
+/// A `State<T>` handler argument.
+pub trait StateArg {
+    /// The key of its `T`.
+    fn key() -> StateKey;
+}
+
+impl<T: Send + Sync + 'static> StateArg for crate::State<T> {
+    fn key() -> StateKey {
+        StateKey::of::<T>()
+    }
+}
 use crate::{BoxError, Codec};
 
 /// What a `#[subscriber]` function returns: its future, tagged with the

@@ -49,8 +49,9 @@ pub trait Publish: Broker {
     }
 
     /// Sends `value` as a request and decodes the reply. A reply that reports
-    /// a failure becomes [`Error::Protocol`] (the payload did not decode on the
-    /// other side, JQ-13) or [`Error::Handler`].
+    /// a failure is an error, as in [`Requester::request_message`]:
+    /// [`Error::Protocol`] (the payload did not decode on the other side,
+    /// JQ-13), [`Error::Handler`] or [`Error::StructuralLimit`].
     fn request<T, R>(
         &self,
         subject: &str,
@@ -67,7 +68,6 @@ pub trait Publish: Broker {
             let reply = self
                 .request_message(subject, Message::new(encoded?), timeout)
                 .await?;
-            let reply = reply_result(reply)?;
             Json::decode(reply.payload()).map_err(Error::Decode)
         }
     }
@@ -75,7 +75,9 @@ pub trait Publish: Broker {
 
 impl<B: Broker> Publish for B {}
 
-/// Maps a reply's status header to a result.
+/// Maps a reply's status header to a result: what
+/// [`Requester::request_message`] does with the reply
+/// [`Requester::send_request`] returns.
 pub fn reply_result(reply: Envelope) -> Result<Envelope> {
     let error = || reply.headers().get(header::ERROR).unwrap_or("").to_owned();
     match reply.headers().get(header::STATUS) {

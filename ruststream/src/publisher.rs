@@ -9,7 +9,6 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::binding::{Broker, Requester};
-use crate::publish::reply_result;
 use crate::{Codec, Envelope, Error, Json, Message, Result};
 
 /// A typed publisher on broker `B` with codec `C` (JSON by default).
@@ -185,10 +184,6 @@ impl<B: Requester, C: Codec> Publisher<B, C> {
         message: Message,
         timeout: Duration,
     ) -> Result<Envelope> {
-        let reply = self
-            .broker
-            .request_message(subject, message, timeout)
-            .await?;
-        reply_result(reply)
+        self.broker.request_message(subject, message, timeout).await
     }
 }

@@ -1,6 +1,7 @@
 //! The [`Subscriber`] trait (what `#[subscriber]` implements) and its
 //! [`SubscriberConfig`].
 
+use std::any::TypeId;
 use std::future::Future;
 
 use bytes::Bytes;
@@ -288,8 +289,10 @@ impl<'a> Scope<'a> {
     /// The shared state of type `T` (see [`App::state`](crate::App::state)).
     ///
     /// # Panics
-    /// If the app has no state of type `T`: a caught panic, so the delivery is
-    /// retried and then dead-lettered with this message.
+    /// If the app has no state of type `T`. `App::start` checks every type a
+    /// subscriber lists in [`Subscriber::required_state`] (all of a
+    /// `#[subscriber]`'s `State<T>` arguments), so only a hand-written
+    /// subscriber that leaves one out gets here.
     pub fn state<T: Send + Sync + 'static>(&self) -> State<T> {
         match self.app.state::<T>() {
             Some(value) => State(value),
@@ -372,6 +375,46 @@ pub trait Subscriber: Send + Sync + 'static {
 
     /// Runs the handler on a decoded body.
     fn handle(&self, body: Self::Body, scope: &Scope<'_>) -> impl Future<Output = Outcome>;
+
+    /// The shared state types the handler takes. [`App::start`](crate::App::start)
+    /// refuses to start when one of them is not registered: a missing state
+    /// is a configuration error, never a failed delivery. `#[subscriber]`
+    /// lists every `State<T>` argument; the default lists none.
+    fn required_state(&self) -> Vec<StateKey> {
+        Vec::new()
+    }
+
+    /// The handler's name, for errors and logs: its type's path by default
+    /// (for `#[subscriber]`, the path of the function).
+    fn name(&self) -> &'static str {
+        std::any::type_name::<Self>()
+    }
+}
+
+/// One shared state type, as [`Subscriber::required_state`] names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateKey {
+    id: TypeId,
+    name: &'static str,
+}
+
+impl StateKey {
+    /// The key of `T`.
+    pub fn of<T: Send + Sync + 'static>() -> Self {
+        StateKey {
+            id: TypeId::of::<T>(),
+            name: std::any::type_name::<T>(),
+        }
+    }
+
+    /// The type's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub(crate) fn id(&self) -> TypeId {
+        self.id
+    }
 }
 
 /// A [`Subscriber`] whose handler future is `Send`: it can run in every mode.

@@ -13,12 +13,16 @@ use ruststream::ingress::JobQueueSettings;
 use ruststream::prelude::*;
 use tokio::sync::Notify;
 
-static IDLE_HANDLED: Notify = Notify::const_new();
+static RING_GATE: Gate = Gate::new();
+static RING_STARTED: Notify = Notify::const_new();
 static WAITING_HANDLED: Notify = Notify::const_new();
 
-#[subscriber("jq.idle")]
-async fn idle_source(_b: Bytes) {
-    IDLE_HANDLED.notify_one();
+/// One thread: while its handler is held, the next record waits in its
+/// ring with the job permit it was received under.
+#[subscriber("jq.ring", threads(1))]
+async fn ring_source(_b: Bytes) {
+    RING_STARTED.notify_one();
+    RING_GATE.pass().await;
 }
 
 #[subscriber("jq.waiting")]
@@ -27,47 +31,59 @@ async fn waiting_source(_b: Bytes) {
 }
 
 /// JQ-24 item 3: with no permit, the next ordinary record is not received.
-/// One permit: the first source's loop reserves it while it waits for a
-/// record, so the second source's record stays in the broker until the first
-/// source's record arrives and its permit comes back.
+/// One permit, held by a record queued in a dedicated thread's ring: the
+/// other source has a record waiting and waits for the permit; its record
+/// stays in the broker until the ring's record starts and its permit comes
+/// back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jq24_3_without_a_permit_the_next_record_is_not_received() {
     let broker = MemoryBroker::new();
     let running = App::new()
         .broker(broker.clone())
         .job_queue(JobQueueSettings::default().max_queued_jobs(1))
-        .subscriber(idle_source)
+        .subscriber(ring_source)
         .subscriber(waiting_source)
         .start()
         .await
         .unwrap();
     let app = running.handle().clone();
-    // One source reserves the only permit; the other waits for it (until
-    // it does, the holder could take the permit again after its record and
-    // the other would wait behind it).
-    until(5, "one source reserves the only permit, one waits", || {
-        let pressure = app.pressure();
-        pressure.in_use == 1 && pressure.waiters == 1
+    for _ in 0..2 {
+        broker
+            .publish_message("jq.ring", Message::new(vec![0u8; 5]), None)
+            .await
+            .unwrap();
+    }
+    within(
+        5,
+        "the first ring record's handler",
+        RING_STARTED.notified(),
+    )
+    .await;
+    until(5, "the second ring record to hold the only permit", || {
+        app.pressure().in_use == 1 && broker.queued_bytes() == 0
     })
     .await;
     broker
         .publish_message("jq.waiting", Message::new(vec![0u8; 3]), None)
         .await
         .unwrap();
-    broker
-        .publish_message("jq.idle", Message::new(vec![0u8; 5]), None)
-        .await
-        .unwrap();
-    // Whichever source holds the permit takes its record; the other record
-    // is received only after that permit came back (before its handler).
-    within(5, "the permit holder's record", async {
-        tokio::select! {
-            () = IDLE_HANDLED.notified() => {}
-            () = WAITING_HANDLED.notified() => {}
-        }
+    // The other source has work, so it waits for the permit (an idle one
+    // would not be in the queue at all) — and receives nothing meanwhile.
+    until(5, "the other source to wait for the permit", || {
+        app.pressure().waiters == 1
     })
     .await;
-    until(5, "both records received", || broker.queued_bytes() == 0).await;
+    assert_eq!(app.pressure().in_use, 1);
+    assert_eq!(
+        broker.queued_bytes(),
+        frame(3),
+        "not received without a permit"
+    );
+    // The ring's record starts: its permit returns right before its
+    // handler, and the waiting source receives.
+    RING_GATE.open();
+    within(5, "the waiting source's record", WAITING_HANDLED.notified()).await;
+    assert_eq!(broker.queued_bytes(), 0);
     running.shutdown().await.unwrap();
     assert_eq!(app.pressure().in_use, 0, "every permit returned");
 }
@@ -105,14 +121,14 @@ async fn a_flood_keeps_permits_in_use_at_most_max() {
             .await
             .unwrap();
     }
-    // 2 handlers run (their permits returned), 8 permits hold queued jobs
-    // (7) plus the loop's reservation (1): 10 records left the broker.
-    until(5, "the job queue to fill", || app.pressure().in_use == 8).await;
-    until(5, "the broker to keep the rest", || {
-        broker.queued_bytes() == (FLOOD as usize - 10) * frame(4)
+    // 2 handlers run (their permits returned) and 8 permits hold queued
+    // jobs: 10 records left the broker. The receive loop, with records
+    // waiting and no permit, waits for one: it can take nothing more.
+    until(5, "the job queue to fill and the loop to wait", || {
+        let pressure = app.pressure();
+        pressure.in_use == 8 && pressure.waiters == 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
     assert_eq!(app.pressure().in_use, 8, "never more than max");
     assert_eq!(
         broker.queued_bytes(),

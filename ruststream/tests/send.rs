@@ -112,11 +112,11 @@ async fn jq24_14_a_task_waiting_for_send_space_holds_no_execution_permission() {
         .await
         .unwrap();
     until(5, "the blocked send waits for space", || {
-        queue(&broker, "s14.in").queued == 0 && running.pressure().in_use == 1
+        queue(&broker, "s14.in").queued == 0 && running.pressure().in_use == 0
     })
     .await;
-    // The waiting send holds no job permit (in use: only the loop's
-    // reservation) and no worker: another delivery runs to completion.
+    // The waiting send holds no job permit (none is in use: the idle loop
+    // holds none either) and no worker: another delivery runs to completion.
     broker
         .publish_message("s14.in", Message::new("free"), None)
         .await

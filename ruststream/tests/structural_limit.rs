@@ -46,11 +46,12 @@ async fn jq24_16_structural_reject_and_shared_cap_wait_are_distinguishable() {
         .await
         .unwrap();
     let long = Duration::from_secs(10);
-    // Key a: one running, one queued: its owner FIFO is at its limit of 2.
+    // Key a: one running, one queued (with its permit; the idle loop holds
+    // none): its owner FIFO is at its limit of 2.
     let a1 = tokio::spawn(p16_request(&broker, "a", long));
     let a2 = tokio::spawn(p16_request(&broker, "a", long));
     until(5, "a#2 queued behind a#1", || {
-        queue(&broker, "p16.in").queued == 0 && running.pressure().in_use == 2
+        queue(&broker, "p16.in").queued == 0 && running.pressure().in_use == 1
     })
     .await;
 
@@ -63,21 +64,26 @@ async fn jq24_16_structural_reject_and_shared_cap_wait_are_distinguishable() {
     assert_eq!(counter(metrics::STRUCTURAL_REJECTS, "subject", "p16.in"), 1);
 
     // Shared cap: b runs on the second worker, c and d queue with two more
-    // permits, and the loop waits for a fourth. A request for e is simply
-    // not received: its caller times out, nothing is refused.
+    // permits. A request for e finds no permit: the loop waits for one and
+    // e is simply not received — its caller times out, nothing is refused.
     let b1 = tokio::spawn(p16_request(&broker, "b", long));
     let c1 = tokio::spawn(p16_request(&broker, "c", long));
     let d1 = tokio::spawn(p16_request(&broker, "d", long));
-    until(5, "all permits in use and the loop waiting", || {
-        let p = running.pressure();
-        p.in_use == 3 && p.waiters == 1
+    until(5, "b, c and d received", || {
+        queue(&broker, "p16.in").queued == 0 && running.pressure().in_use == 3
     })
     .await;
-    let waited = p16_request(&broker, "e", Duration::from_millis(200)).await;
-    assert!(matches!(&waited, Err(Error::Timeout(_))), "{waited:?}");
+    let e1 = tokio::spawn(p16_request(&broker, "e", Duration::from_secs(1)));
+    until(5, "the loop waiting for a permit, e in the broker", || {
+        let p = running.pressure();
+        p.in_use == 3 && p.waiters == 1 && queue(&broker, "p16.in").queued == 1
+    })
+    .await;
     let seen = observe();
     assert_eq!(seen.gauge(metrics::JOB_WAITERS), 1.0);
     assert_eq!(seen.gauge(metrics::JOBS_IN_USE), 3.0);
+    let waited = within(5, "e's caller to time out", e1).await.unwrap();
+    assert!(matches!(&waited, Err(Error::Timeout(_))), "{waited:?}");
     assert_eq!(
         counter(metrics::STRUCTURAL_REJECTS, "subject", "p16.in"),
         1,

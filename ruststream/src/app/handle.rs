@@ -115,6 +115,27 @@ impl AppHandle {
         Arc::clone(value).downcast::<T>().ok()
     }
 
+    /// A startup error unless every shared state type a subscriber's
+    /// handler takes is registered: a missing one would fail every
+    /// delivery, so it is a configuration mistake.
+    pub(crate) fn check_state(
+        &self,
+        config: &crate::SubscriberConfig,
+        (handler, states): (&'static str, Vec<crate::StateKey>),
+    ) -> crate::Result<()> {
+        match states
+            .iter()
+            .find(|key| !self.inner.state.contains_key(&key.id()))
+        {
+            Some(missing) => Err(crate::Error::Config(format!(
+                "subscriber `{}` (handler `{handler}`) takes `State<{}>`, but the app has no state of that type: register it with `App::state(..)`",
+                config.subject(),
+                missing.name()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Asks the app to shut down gracefully, from anywhere (a handler, a hook,
     /// another task). `App::run` and `RunningApp::wait` return to shut down.
     pub fn request_shutdown(&self) {

@@ -16,7 +16,7 @@ use crate::exec;
 use crate::exec::stop::Stop;
 use crate::ingress::SourceRegistration;
 use crate::pipeline::Unit;
-use crate::subscriber::{Mode, SendSubscriber, Subscriber, SubscriberConfig};
+use crate::subscriber::{Mode, SendSubscriber, StateKey, Subscriber, SubscriberConfig};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -54,6 +54,8 @@ pub(crate) struct StartContext {
 /// A subscriber bound to its broker, ready to subscribe and spawn its loop.
 pub(crate) trait StartUnit: Send {
     fn config(&self) -> &SubscriberConfig;
+    /// The handler's name and the shared state types it takes.
+    fn requires(&self) -> (&'static str, Vec<StateKey>);
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>>;
 }
 
@@ -123,6 +125,10 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
         &self.config
     }
 
+    fn requires(&self) -> (&'static str, Vec<StateKey>) {
+        (self.subscriber.name(), self.subscriber.required_state())
+    }
+
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
             let mode = self.config.mode;
@@ -159,6 +165,10 @@ struct LocalUnit<B, S> {
 impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
     fn config(&self) -> &SubscriberConfig {
         &self.config
+    }
+
+    fn requires(&self) -> (&'static str, Vec<StateKey>) {
+        (self.subscriber.name(), self.subscriber.required_state())
     }
 
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {

@@ -79,6 +79,7 @@ impl RunningApp {
         } = parts;
         for unit in &units {
             unit.config().validate()?;
+            app.check_state(unit.config(), unit.requires())?;
         }
         hooks::run(hooks.on_startup, &app, "on_startup", true).await?;
         let stop = Stop::default();

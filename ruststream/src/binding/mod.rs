@@ -125,22 +125,51 @@ pub trait Broker: Clone + Send + Sync + 'static {
     fn close(&self) -> impl Future<Output = Result<()>> + Send;
 }
 
-/// One receive stream. The runtime calls [`next`](Subscription::next) only when
-/// it can take the delivery at once (RT-2).
+/// One receive stream. The runtime never holds a job permit while a
+/// subscription has nothing to hand out: it waits for
+/// [`ready`](Subscription::ready) holding nothing, then takes a permit, then
+/// claims the delivery with [`try_next`](Subscription::try_next) without
+/// waiting (JQ-4), and returns the permit when the claim finds nothing.
 pub trait Subscription: Send + 'static {
     /// The delivery type this binding hands out.
     type Delivery: Delivery;
 
+    /// Waits, holding no job permit, until a delivery is at hand for
+    /// [`try_next`](Self::try_next); `false` once the subscription or its
+    /// broker is closed. Level-triggered: it may resolve and the claim then
+    /// find nothing (another member of a queue group took the delivery),
+    /// and the runtime simply waits again. Cancel-safe: dropping the future
+    /// loses nothing.
+    ///
+    /// A binding whose broker can say "something is waiting" without
+    /// handing it over (the memory Core) waits for exactly that. Others
+    /// receive one delivery into a slot of their own and hand it out from
+    /// there: a read-ahead of one record per subscription, on top of
+    /// whatever the broker's own flow control (prefetch, pull batch) keeps
+    /// in the client.
+    fn ready(&mut self) -> impl Future<Output = bool> + Send;
+
+    /// The delivery at hand, without waiting; `None` when there is none
+    /// (nothing at hand, or the end: [`ready`](Self::ready) tells which).
+    /// The runtime calls it only while it holds a permit for the delivery,
+    /// and keeps the cooperative budget itself.
+    fn try_next(&mut self) -> Option<Self::Delivery>;
+
     /// The next delivery, waiting for one; `None` once the subscription or its
     /// broker is closed. Cancel-safe: dropping the future loses nothing.
-    fn next(&mut self) -> impl Future<Output = Option<Self::Delivery>> + Send;
-
-    /// The next delivery if one is at hand, without waiting; `None` sends
-    /// the caller to [`next`](Self::next) (nothing at hand, the end, or no
-    /// fast path: the default). The runtime calls it only when it could
-    /// call `next`, and keeps the cooperative budget itself.
-    fn try_next(&mut self) -> Option<Self::Delivery> {
-        None
+    /// For tests and tools that read a subscription by hand; the runtime's
+    /// loops use [`ready`](Self::ready) and [`try_next`](Self::try_next).
+    fn next(&mut self) -> impl Future<Output = Option<Self::Delivery>> + Send {
+        async move {
+            loop {
+                if !self.ready().await {
+                    return None;
+                }
+                if let Some(delivery) = self.try_next() {
+                    return Some(delivery);
+                }
+            }
+        }
     }
 
     /// The receive-flow switch of a request/reply source (JQ-15): the app
@@ -151,12 +180,13 @@ pub trait Subscription: Send + 'static {
         None
     }
 
-    /// The app's job queue, handed over before the first `next`. A binding
+    /// The app's job queue, handed over before the first `ready`. A binding
     /// that reads in batches takes one more permit (without waiting) for
-    /// every record it asks for beyond the first — the runtime holds the
-    /// permit for that one — and keeps each with its buffered record until
-    /// it hands the record out, so a read never asks for more records than
-    /// permits are held (JQ-7). The default ignores it.
+    /// every record it asks for beyond the first — the first is its
+    /// read-ahead of one (see [`ready`](Self::ready)) — and keeps each with
+    /// its buffered record until it hands the record out, so a read never
+    /// asks for more records than permits are held (JQ-7). The default
+    /// ignores it.
     fn use_job_queue(&mut self, jobs: &Arc<JobQueue>) {
         let _ = jobs;
     }
@@ -217,14 +247,54 @@ pub enum RetryAfter<D> {
 }
 
 /// Request/reply: the capability of brokers with a reply path.
+///
+/// Bindings implement [`send_request`](Self::send_request); callers use
+/// [`request_message`](Self::request_message), which turns a reply that
+/// reports a failure into an error — the same meaning on every broker and
+/// in [`Publisher::request_message`](crate::Publisher::request_message).
 pub trait Requester: Broker {
     /// Publishes `message` to `subject` with a fresh reply address and waits up
-    /// to `timeout` for the first reply. A reply arriving later is dropped: the
-    /// first terminal result wins.
-    fn request_message(
+    /// to `timeout` for the first reply, as it came: a reply whose status
+    /// header reports a failure is still `Ok` here. A reply arriving later
+    /// is dropped: the first terminal result wins.
+    fn send_request(
         &self,
         subject: &str,
         message: Message,
         timeout: Duration,
     ) -> impl Future<Output = Result<Envelope>> + Send;
+
+    /// Sends a request and waits up to `timeout` for its reply. A reply that
+    /// reports a failure is an error: [`Error::Protocol`](crate::Error::Protocol)
+    /// (the server refused the payload before its handler, JQ-13),
+    /// [`Error::Handler`](crate::Error::Handler) or
+    /// [`Error::StructuralLimit`](crate::Error::StructuralLimit) (JQ-21).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ruststream::prelude::*;
+    ///
+    /// #[subscriber("sizes")]
+    /// async fn size(order: u32) -> u32 { order * 2 }
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let broker = MemoryBroker::new();
+    /// let running = App::new().broker(broker.clone()).subscriber(size).start().await?;
+    /// // Not a number: the server refuses it before the handler.
+    /// let refused = broker
+    ///     .request_message("sizes", Message::new("large"), Duration::from_secs(1))
+    ///     .await;
+    /// assert!(matches!(refused, Err(ruststream::Error::Protocol(_))), "{refused:?}");
+    /// running.shutdown().await?;
+    /// # Ok::<_, ruststream::Error>(()) }).unwrap();
+    /// ```
+    fn request_message(
+        &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Envelope>> + Send {
+        let reply = self.send_request(subject, message, timeout);
+        async move { crate::reply_result(reply.await?) }
+    }
 }

@@ -32,6 +32,13 @@ impl Budget {
         false
     }
 
+    /// The loop yields before its next take (it took the last free job
+    /// permit: the others go first).
+    #[inline]
+    pub(crate) fn end_batch(&mut self) {
+        self.0 = 1;
+    }
+
     /// The loop waited, and so let the others run: a full budget.
     #[inline]
     pub(crate) fn refill(&mut self) {

@@ -4,16 +4,22 @@
 //! deliveries, takes one from the broker, runs the accept layers and decode
 //! (outside any lock), computes the key and admits the delivery to its owner
 //! in one commit. `n` workers take turns from the ready-owner set: one key runs
-//! on one worker at a time, in arrival order, and a slow key holds only its
-//! own FIFO, never the other keys.
+//! on one worker at a time, in arrival order.
+//!
+//! A slow key holds only its own FIFO, never the other keys: a one-way
+//! record whose key is at `max_pending_per_key` is held behind that key (in
+//! order, counted in `max_pending`) and returns its permit; when the key
+//! has room again the loop takes a new permit for it before it receives
+//! anything new (JQ-5). A request for a full key is refused at once with
+//! the reason (JQ-10, JQ-21).
 
-use std::future::poll_fn;
-use std::pin::pin;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use super::budget::Budget;
-use super::owners::{OwnerLimits, OwnerSet, Refusal};
-use super::sequential::next;
+use super::owners::{Admitted, OwnerLimits, OwnerSet, Refusal};
 use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
 use crate::ingress::JobPermit;
@@ -23,7 +29,6 @@ use crate::subscriber::{SendSubscriber, Subscriber};
 type Item<B, S> = (
     <<B as Broker>::Subscription as Subscription>::Delivery,
     <S as Subscriber>::Body,
-    JobPermit,
 );
 
 pub(crate) async fn run<B: Broker, S: SendSubscriber>(
@@ -35,7 +40,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let jobs = Arc::clone(unit.app.jobs());
     let max_pending = unit.config.pending_limit(n);
     let per_key = unit.config.max_pending_per_key.unwrap_or(max_pending);
-    let owners: Arc<OwnerSet<Item<B, S>>> = Arc::new(OwnerSet::new(OwnerLimits {
+    let owners: Arc<OwnerSet<Item<B, S>, JobPermit>> = Arc::new(OwnerSet::new(OwnerLimits {
         max_count: per_key,
         max_bytes: usize::MAX,
         max_total: max_pending,
@@ -49,9 +54,9 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                 // a turn is moved out of the set once, not through futures.
                 let mut wait = owners.waiter();
                 while let Some(turn) = poll_fn(|cx| wait.poll(cx)).await {
-                    let (delivery, body, permit) = turn.item;
+                    let (delivery, body) = turn.item;
                     // JQ-4 step 5: the permit returns right before the handler.
-                    drop(permit);
+                    drop(turn.permit);
                     invoke!(&*unit, delivery, handle_send(body));
                     owners.finish(turn.owner, turn.bytes);
                 }
@@ -64,6 +69,20 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
     loop {
+        if owners.has_promotable() {
+            // JQ-5: a held record whose key has room again takes a new
+            // permit before anything new is received.
+            let permit = match jobs.try_acquire() {
+                Some(permit) => permit,
+                None => match super::wait_permit(jobs.acquire(), &stop).await {
+                    Some(permit) => permit,
+                    None => break,
+                },
+            };
+            // Only this loop promotes: the owner it saw is still there.
+            drop(owners.promote(permit));
+            continue;
+        }
         let has_room = tokio::select! {
             biased;
             room = owners.wait_capacity() => room,
@@ -73,11 +92,27 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             break;
         }
         // Permit before receive (JQ-4); it travels with the delivery into
-        // the owner FIFO.
-        let Some(permit) = super::take_permit!(jobs.try_acquire(), jobs.acquire(), &stop) else {
-            break;
+        // the owner FIFO. A wait for new records also ends when a held
+        // record can move on.
+        let received = {
+            let mut woken = pin!(StopOrPromotable {
+                stopped: stopped.as_mut(),
+                owners: &owners,
+            });
+            super::receive!(
+                &mut subscription,
+                jobs,
+                jobs.try_acquire(),
+                jobs.acquire(),
+                &stop,
+                woken.as_mut(),
+                &mut budget,
+            )
         };
-        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut(), &mut budget) else {
+        let Some((delivery, permit)) = received else {
+            if !stop.is_stopped() && owners.has_promotable() {
+                continue;
+            }
             break;
         };
         let body = match unit.check(&delivery) {
@@ -85,32 +120,30 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             Checked::Early(early) => {
                 // Malformed or settled by a layer: its permit returns after.
                 Box::pin(unit.settle_early(delivery, early)).await;
+                drop(permit);
                 continue;
             }
         };
         let key = unit.subscriber.key(&body, delivery.envelope());
         let bytes = delivery.envelope().frame_bytes();
-        let request = delivery.envelope().reply_to().is_some();
-        // The capacity checked above is ours alone (one producer), so this
-        // normally admits at once, without a future to move the item into.
-        let item = match owners.try_admit(key, (delivery, body, permit), bytes) {
-            Ok(_) => continue,
-            Err((Refusal::Closed, _)) => break,
+        if delivery.envelope().reply_to().is_some() {
             // A request is a new submission with a caller waiting: a full
             // owner refuses it at once, with the reason (JQ-10).
-            Err((refusal @ (Refusal::OwnerCount | Refusal::OwnerBytes), (delivery, _, permit)))
-                if request =>
-            {
-                drop(permit);
-                unit.refuse(delivery, refusal.into()).await;
-                continue;
+            match owners.try_admit(key, (delivery, body), permit, bytes) {
+                Ok(_) => {}
+                Err((Refusal::Closed, ..)) => break,
+                Err((refusal, (delivery, _), permit)) => {
+                    drop(permit);
+                    unit.refuse(delivery, refusal.reason()).await;
+                }
             }
-            Err((_, item)) => item,
-        };
-        // A one-way record waits while a per-key limit lower than the total
-        // holds it (JQ-22: never capacity-rejected).
-        if owners.admit(key, item, bytes).await.is_err() {
-            break;
+            continue;
+        }
+        match owners.admit(key, (delivery, body), permit, bytes) {
+            Ok(Admitted::Queued) => {}
+            // Held behind its full key: the permit returns now (JQ-5).
+            Ok(Admitted::Held(permit)) => drop(permit),
+            Err(_) => break,
         }
     }
     // Workers drain every owner FIFO, then stop (deliveries in hand are
@@ -123,11 +156,29 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     }
 }
 
+/// The loop's stop signal, which also ends a wait for new records when a
+/// held record can be promoted (the loop then tells the two apart).
+struct StopOrPromotable<'a, F, T, P> {
+    stopped: Pin<&'a mut F>,
+    owners: &'a OwnerSet<T, P>,
+}
+
+impl<F: Future<Output = ()>, T, P> Future for StopOrPromotable<'_, F, T, P> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        self.owners.poll_promotable(cx)
+    }
+}
+
 /// Closes the owner set however the loop ends (also when it is aborted), so
 /// the workers drain what is queued and stop.
-struct CloseOnDrop<'a, T>(&'a OwnerSet<T>);
+struct CloseOnDrop<'a, T, P>(&'a OwnerSet<T, P>);
 
-impl<T> Drop for CloseOnDrop<'_, T> {
+impl<T, P> Drop for CloseOnDrop<'_, T, P> {
     fn drop(&mut self) {
         self.0.close();
     }

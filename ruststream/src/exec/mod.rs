@@ -17,24 +17,82 @@ pub(crate) mod stop;
 pub(crate) mod threads;
 pub(crate) mod workers;
 
+use std::future::poll_fn;
 use std::hash::{BuildHasher, Hash};
+use std::pin::{Pin, pin};
+use std::task::Poll;
 
 use stop::Stop;
 
-/// JQ-4 step 1: a job permit before the next record is taken from the
-/// binding, `None` when `stop` came first. `$try` takes a free permit
-/// inline, without building the wait's future (it is on every delivery's
-/// path); only when none is free is `$wait` built and awaited
-/// ([`wait_permit`]).
-macro_rules! take_permit {
-    ($try:expr, $wait:expr, $stop:expr) => {
-        match $try {
-            Some(permit) => Some(permit),
-            None => $crate::exec::wait_permit($wait, $stop).await,
+use crate::binding::Subscription;
+
+/// JQ-4: the next delivery together with the job permit taken before it
+/// was claimed, as `Option<(delivery, permit)>`: `None` once `$stop` was
+/// called or the subscription ended. Every loop takes its deliveries
+/// through this one step:
+///
+/// * a free permit is taken inline (`$try`, lock-free) and the delivery at
+///   hand claimed without waiting (`Subscription::try_next`): the path of a
+///   loop with a backlog, with no future built;
+/// * with nothing at hand the permit goes back at once, and the loop waits
+///   for [`Subscription::ready`] holding nothing: an idle subscription never
+///   sits on a permit another one needs;
+/// * with no permit free, the loop first waits until its subscription is
+///   ready and only then joins the permit queue (`$wait`, oldest waiter
+///   first: JQ-7), so the queue holds only sources with work;
+/// * a loop that took the last free permit yields before its next take
+///   (`$jobs` tells), so sources sharing few permits take turns even on one
+///   worker thread, where a waiting loop could otherwise not run until this
+///   one's budget ran out.
+///
+/// `$stopped` is the loop's own `stop.wait()`, pinned once (it registers on
+/// the first wait and stays registered); after `None` the loop ends. Every
+/// so many deliveries in a row ([`Budget`](budget::Budget)) the loop lets
+/// the other tasks of its runtime run. The optional `$before_wait` runs before every
+/// wait and yield (the threads feeder wakes the threads it owes a wake-up).
+macro_rules! receive {
+    ($subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr $(, $before_wait:expr)? $(,)?) => {{
+        let stop: &$crate::exec::stop::Stop = $stop;
+        let budget: &mut $crate::exec::budget::Budget = $budget;
+        loop {
+            if budget.spend() {
+                $($before_wait;)?
+                ::tokio::task::yield_now().await;
+            }
+            let permit = match $try {
+                Some(permit) => permit,
+                None => {
+                    $($before_wait;)?
+                    budget.refill();
+                    if !$crate::exec::wait_ready($subscription, $stopped).await {
+                        break None;
+                    }
+                    match $crate::exec::wait_permit($wait, stop).await {
+                        Some(permit) => permit,
+                        None => break None,
+                    }
+                }
+            };
+            if $jobs.saturated() {
+                budget.end_batch();
+            }
+            // A stopped loop takes no further delivery, even one at hand.
+            if stop.is_stopped() {
+                break None;
+            }
+            if let Some(delivery) = $crate::binding::Subscription::try_next($subscription) {
+                break Some((delivery, permit));
+            }
+            drop(permit);
+            $($before_wait;)?
+            budget.refill();
+            if !$crate::exec::wait_ready($subscription, $stopped).await {
+                break None;
+            }
         }
-    };
+    }};
 }
-pub(crate) use take_permit;
+pub(crate) use receive;
 
 /// Waits for a permit (`wait`: the oldest waiting source is served first,
 /// JQ-7), unless `stop` comes first; a cancelled wait takes nothing (JQ-11).
@@ -44,6 +102,23 @@ pub(crate) async fn wait_permit<P>(wait: impl Future<Output = P>, stop: &Stop) -
         permit = wait => Some(permit),
         () = stop.wait() => None,
     }
+}
+
+/// [`Subscription::ready`] unless `stopped` comes first (`false` then, as
+/// at the end of the subscription). By hand rather than `select!`: the
+/// subscription first, the stop signal only while it is pending.
+pub(crate) async fn wait_ready<S: Subscription>(
+    subscription: &mut S,
+    mut stopped: Pin<&mut impl Future<Output = ()>>,
+) -> bool {
+    let mut ready = pin!(subscription.ready());
+    poll_fn(|cx| {
+        if let Poll::Ready(ready) = ready.as_mut().poll(cx) {
+            return Poll::Ready(ready);
+        }
+        stopped.as_mut().poll(cx).map(|()| false)
+    })
+    .await
 }
 
 /// Hash of an ordering key. Equal keys always hash alike, so they always meet

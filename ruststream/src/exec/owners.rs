@@ -8,15 +8,22 @@
 //! * counts and bytes are charged at admission and released when the worker
 //!   finishes the item's turn (JQ-22: the reservation moves with the item from
 //!   the FIFO to the worker without being counted twice or nowhere);
-//! * a failed admission changes nothing (no enqueue-then-remove).
+//! * a failed admission changes nothing (no enqueue-then-remove);
+//! * a one-way record whose key is at its limit is *held* behind the key's
+//!   FIFO, in arrival order, counted in the total: it returns its permit and
+//!   takes a new one when its key has room again (JQ-5), so a full key holds
+//!   up only itself, never the receive loop or the other keys. Nothing else
+//!   joins a key's FIFO while it holds records, so order within a key stays.
 
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
 use std::future::poll_fn;
-use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use rustc_hash::FxHashMap as HashMap;
+
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 
 /// Per-owner and total limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,8 +32,8 @@ pub(crate) struct OwnerLimits {
     pub(crate) max_count: usize,
     /// Bytes one owner's FIFO may hold.
     pub(crate) max_bytes: usize,
-    /// Items all owners may hold together: the read-ahead bound of a by-key
-    /// subscriber.
+    /// Items all owners may hold together, held records included: the
+    /// read-ahead bound of a by-key subscriber.
     pub(crate) max_total: usize,
 }
 
@@ -44,32 +51,100 @@ pub(crate) enum Refusal {
     Closed,
 }
 
+impl Refusal {
+    /// The reason in plain words, as a refused caller reads it.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Refusal::OwnerCount => "the key's queue is at its count limit",
+            Refusal::OwnerBytes => "the key's queue is at its byte limit",
+            Refusal::Total => "the subscriber's pending deliveries are at their limit",
+            Refusal::Closed => "the subscriber is stopping",
+        }
+    }
+}
+
 impl From<Refusal> for crate::Error {
     /// A structural limit (JQ-21), never a deadline: the caller can tell a
     /// full owner FIFO from a publish that ran out of time (JQ-24 item 16).
     fn from(refusal: Refusal) -> Self {
         match refusal {
-            Refusal::OwnerCount => {
-                crate::Error::StructuralLimit("owner FIFO is at its count limit".into())
-            }
-            Refusal::OwnerBytes => {
-                crate::Error::StructuralLimit("owner FIFO is at its byte limit".into())
-            }
-            Refusal::Total => {
-                crate::Error::StructuralLimit("owner FIFOs are at their total limit".into())
-            }
             Refusal::Closed => crate::Error::Closed("owner FIFOs are closed"),
+            other => crate::Error::StructuralLimit(other.reason().into()),
         }
     }
 }
 
-struct Owner<T> {
-    fifo: VecDeque<(T, usize)>,
+/// Where a one-way record went.
+#[derive(Debug)]
+pub(crate) enum Admitted<P> {
+    /// Into its owner's FIFO.
+    Queued,
+    /// Held behind its full owner; its permit comes back, to be returned
+    /// outside the lock (JQ-5).
+    Held(P),
+}
+
+/// An item in an owner's FIFO, with the permit it carries to its turn
+/// (`None` for a held record moved in at close, when nothing waits for
+/// permits any more).
+struct Queued<T, P> {
+    item: T,
+    permit: Option<P>,
+    bytes: usize,
+}
+
+struct Owner<T, P> {
+    fifo: VecDeque<Queued<T, P>>,
+    /// One-way records that found the FIFO full, oldest first.
+    held: VecDeque<(T, usize)>,
     /// Items charged to this owner: queued plus the one running.
     count: usize,
     bytes: usize,
     next_seq: u64,
     running: bool,
+    /// Listed in `State::promotable`.
+    promotable: bool,
+}
+
+impl<T, P> Owner<T, P> {
+    /// Whether a new item would find the FIFO at a limit: a request is
+    /// refused then, a one-way record held. A key that holds records is
+    /// full for everyone until they are in, so nothing overtakes them.
+    fn refusal(&self, limits: &OwnerLimits, bytes: usize) -> Option<Refusal> {
+        if self.count >= limits.max_count || !self.held.is_empty() {
+            return Some(Refusal::OwnerCount);
+        }
+        // An empty owner always takes one item, so an item larger than the
+        // byte limit is not refused forever.
+        if self.count > 0 && self.bytes + bytes > limits.max_bytes {
+            return Some(Refusal::OwnerBytes);
+        }
+        None
+    }
+
+    /// Whether the oldest held record fits into the FIFO now.
+    fn can_promote(&self, limits: &OwnerLimits) -> bool {
+        self.held.front().is_some_and(|&(_, bytes)| {
+            self.count < limits.max_count
+                && (self.count == 0 || self.bytes + bytes <= limits.max_bytes)
+        })
+    }
+
+    /// Appends to the FIFO: returns the sequence and whether the owner
+    /// became ready (it was idle and empty).
+    fn enqueue(&mut self, item: T, permit: Option<P>, bytes: usize) -> (u64, bool) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.count += 1;
+        self.bytes += bytes;
+        let became_ready = self.fifo.is_empty() && !self.running;
+        self.fifo.push_back(Queued {
+            item,
+            permit,
+            bytes,
+        });
+        (seq, became_ready)
+    }
 }
 
 /// Emptied FIFO buffers kept for new owners, so a key that comes and goes
@@ -77,22 +152,26 @@ struct Owner<T> {
 const SPARE_FIFOS: usize = 64;
 const SPARE_FIFO_CAPACITY: usize = 16;
 
-struct State<T> {
+struct State<T, P> {
     /// Keys are already hashes: Fx hashing them again is enough.
-    owners: HashMap<u64, Owner<T>>,
+    owners: HashMap<u64, Owner<T, P>>,
     ready: VecDeque<u64>,
+    /// Owners whose oldest held record fits into their FIFO again, each
+    /// listed once, in the order they got room.
+    promotable: VecDeque<u64>,
     total: usize,
     closed: bool,
-    spare: Vec<VecDeque<(T, usize)>>,
+    spare: Vec<VecDeque<Queued<T, P>>>,
     /// Workers waiting for a ready owner, each listed once under the token
     /// of its wait.
     sleepers: Vec<(u64, Waker)>,
     next_token: u64,
-    /// Producers waiting for capacity (normally just the receive loop).
+    /// Producers waiting for capacity or a promotable owner (normally just
+    /// the receive loop).
     space: Vec<Waker>,
 }
 
-impl<T> State<T> {
+impl<T, P> State<T, P> {
     /// Wakes one waiting worker, if any; returns its waker to wake once the
     /// lock is released.
     fn wake_one(&mut self) -> Option<Waker> {
@@ -103,7 +182,7 @@ impl<T> State<T> {
         self.sleepers.drain(..).map(|(_, waker)| waker).collect()
     }
 
-    fn recycle(&mut self, fifo: VecDeque<(T, usize)>) {
+    fn recycle(&mut self, fifo: VecDeque<Queued<T, P>>) {
         if self.spare.len() < SPARE_FIFOS && fifo.capacity() <= SPARE_FIFO_CAPACITY {
             self.spare.push(fifo);
         }
@@ -112,11 +191,13 @@ impl<T> State<T> {
 
 /// One item taken by a worker: run it, then call [`OwnerSet::finish`].
 #[derive(Debug)]
-pub(crate) struct Turn<T> {
+pub(crate) struct Turn<T, P> {
     /// The owner (key hash).
     pub(crate) owner: u64,
     /// The item.
     pub(crate) item: T,
+    /// The permit it carried (JQ-4: returned right before the handler).
+    pub(crate) permit: Option<P>,
     pub(crate) bytes: usize,
 }
 
@@ -127,18 +208,22 @@ pub(crate) struct Turn<T> {
 /// are one step (no lost wake-up), and a wake happens only when someone
 /// waits: an admission that makes an owner ready wakes one sleeping worker, a
 /// finished turn wakes the receive loop only if it waits for capacity.
-pub(crate) struct OwnerSet<T> {
-    state: Mutex<State<T>>,
+pub(crate) struct OwnerSet<T, P> {
+    state: Mutex<State<T, P>>,
     limits: OwnerLimits,
+    /// Mirrors `!state.promotable.is_empty()`, for the receive loop's look
+    /// on every delivery without the lock.
+    has_promotable: AtomicBool,
 }
 
-impl<T> OwnerSet<T> {
+impl<T, P> OwnerSet<T, P> {
     /// An empty set.
     pub(crate) fn new(limits: OwnerLimits) -> Self {
         OwnerSet {
             state: Mutex::new(State {
                 owners: HashMap::default(),
                 ready: VecDeque::new(),
+                promotable: VecDeque::new(),
                 total: 0,
                 closed: false,
                 spare: Vec::new(),
@@ -147,113 +232,158 @@ impl<T> OwnerSet<T> {
                 space: Vec::new(),
             }),
             limits,
+            has_promotable: AtomicBool::new(false),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<T>> {
+    fn lock(&self) -> MutexGuard<'_, State<T, P>> {
         // No user code runs under this lock: a poisoned lock is consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// JQ-10: checks, reservation, sequence, append and ready-set insert as
-    /// one commit. On refusal the item comes back and nothing changed.
-    // The receive loop uses it for requests; one-way records use the waiting
-    // `admit`.
-    pub(crate) fn try_admit(&self, owner: u64, item: T, bytes: usize) -> Result<u64, (Refusal, T)> {
-        let mut state = self.lock();
-        let (seq, worker) = self.admit_locked(&mut state, owner, item, bytes)?;
-        drop(state);
+    /// one commit, for a request (a new submission with a caller waiting).
+    /// On refusal the item and its permit come back and nothing changed.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn try_admit(
+        &self,
+        owner: u64,
+        item: T,
+        permit: P,
+        bytes: usize,
+    ) -> Result<u64, (Refusal, T, P)> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if state.closed {
+            return Err((Refusal::Closed, item, permit));
+        }
+        if state.total >= self.limits.max_total {
+            return Err((Refusal::Total, item, permit));
+        }
+        if let Some(refusal) = state
+            .owners
+            .get(&owner)
+            .and_then(|o| o.refusal(&self.limits, bytes))
+        {
+            return Err((refusal, item, permit));
+        }
+        let (seq, worker) = self.enqueue(state, owner, item, Some(permit), bytes);
+        drop(guard);
         if let Some(worker) = worker {
             worker.wake();
         }
         Ok(seq)
     }
 
-    /// [`try_admit`](Self::try_admit) under the lock; also returns the worker
-    /// to wake once the lock is released.
-    fn admit_locked(
+    /// Admits a one-way record: into its owner's FIFO, or held behind it
+    /// when the owner is at a limit (the record was received already and is
+    /// never capacity-rejected, JQ-22). The receive loop waited for
+    /// [`wait_capacity`](Self::wait_capacity) first, and it alone admits, so
+    /// the total has room. The item and permit come back only if the set is
+    /// closed.
+    pub(crate) fn admit(
         &self,
-        state: &mut State<T>,
         owner: u64,
         item: T,
+        permit: P,
         bytes: usize,
-    ) -> Result<(u64, Option<Waker>), (Refusal, T)> {
+    ) -> Result<Admitted<P>, (T, P)> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
         if state.closed {
-            return Err((Refusal::Closed, item));
+            return Err((item, permit));
         }
-        if state.total >= self.limits.max_total {
-            return Err((Refusal::Total, item));
+        if let Some(o) = state.owners.get_mut(&owner)
+            && o.refusal(&self.limits, bytes).is_some()
+        {
+            o.held.push_back((item, bytes));
+            state.total += 1;
+            return Ok(Admitted::Held(permit));
         }
-        let limits = self.limits;
-        let (seq, became_ready) = {
-            let o = match state.owners.entry(owner) {
-                Entry::Occupied(e) => {
-                    let o = e.into_mut();
-                    if o.count >= limits.max_count {
-                        return Err((Refusal::OwnerCount, item));
-                    }
-                    // An empty owner always takes one item, so an item larger
-                    // than the byte limit is not refused forever.
-                    if o.count > 0 && o.bytes + bytes > limits.max_bytes {
-                        return Err((Refusal::OwnerBytes, item));
-                    }
-                    o
-                }
-                // A new owner is empty and always takes one item (limits are
-                // at least 1), so no owner is ever created for a refusal.
-                Entry::Vacant(e) => e.insert(Owner {
-                    fifo: state.spare.pop().unwrap_or_default(),
-                    count: 0,
-                    bytes: 0,
-                    next_seq: 0,
-                    running: false,
-                }),
-            };
-            let seq = o.next_seq;
-            o.next_seq += 1;
-            o.count += 1;
-            o.bytes += bytes;
-            let became_ready = o.fifo.is_empty() && !o.running;
-            o.fifo.push_back((item, bytes));
-            (seq, became_ready)
-        };
-        state.total += 1;
-        if !became_ready {
-            return Ok((seq, None));
+        let (_, worker) = self.enqueue(state, owner, item, Some(permit), bytes);
+        drop(guard);
+        if let Some(worker) = worker {
+            worker.wake();
         }
-        state.ready.push_back(owner);
-        Ok((seq, state.wake_one()))
+        Ok(Admitted::Queued)
     }
 
-    /// Admits `item`, waiting while a limit refuses it. For the receive loop,
-    /// which already holds the item (JQ-22: an accepted record is never
-    /// capacity-rejected). Returns the item back only if the set closed.
-    pub(crate) async fn admit(&self, owner: u64, item: T, bytes: usize) -> Result<u64, T> {
-        let mut item = Some(item);
-        poll_fn(|cx| {
-            let Some(it) = item.take() else {
-                unreachable!("polled after completion")
-            };
-            let mut state = self.lock();
-            match self.admit_locked(&mut state, owner, it, bytes) {
-                Ok((seq, worker)) => {
-                    drop(state);
-                    if let Some(worker) = worker {
-                        worker.wake();
-                    }
-                    Poll::Ready(Ok(seq))
-                }
-                Err((Refusal::Closed, back)) => Poll::Ready(Err(back)),
-                Err((_, back)) => {
-                    // Checked and registered under one lock: the turn that
-                    // makes room wakes us.
-                    register_space(&mut state.space, cx);
-                    item = Some(back);
-                    Poll::Pending
-                }
-            }
-        })
-        .await
+    /// Appends to `owner`'s FIFO (making the owner if needed) and lists it
+    /// ready if it became so; returns the worker to wake once the lock is
+    /// released.
+    fn enqueue(
+        &self,
+        state: &mut State<T, P>,
+        owner: u64,
+        item: T,
+        permit: Option<P>,
+        bytes: usize,
+    ) -> (u64, Option<Waker>) {
+        let o = match state.owners.entry(owner) {
+            Entry::Occupied(e) => e.into_mut(),
+            // A new owner is empty and always takes one item (limits are
+            // at least 1), so no owner is ever made for a refusal.
+            Entry::Vacant(e) => e.insert(Owner {
+                fifo: state.spare.pop().unwrap_or_default(),
+                held: VecDeque::new(),
+                count: 0,
+                bytes: 0,
+                next_seq: 0,
+                running: false,
+                promotable: false,
+            }),
+        };
+        let (seq, became_ready) = o.enqueue(item, permit, bytes);
+        state.total += 1;
+        if !became_ready {
+            return (seq, None);
+        }
+        state.ready.push_back(owner);
+        (seq, state.wake_one())
+    }
+
+    /// Whether a held record can move into its owner's FIFO: the receive
+    /// loop then takes a permit for it before anything new (JQ-5).
+    #[inline]
+    pub(crate) fn has_promotable(&self) -> bool {
+        self.has_promotable.load(Ordering::Acquire)
+    }
+
+    /// Moves the oldest held record of the first owner with room into its
+    /// FIFO, with `permit` (JQ-5: a new permit per runnable turn). The
+    /// permit comes back when no held record has room (or the set closed).
+    pub(crate) fn promote(&self, permit: P) -> Result<(), P> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Some(owner) = state.promotable.pop_front() else {
+            return Err(permit);
+        };
+        let o = state
+            .owners
+            .get_mut(&owner)
+            .expect("promotable owner exists");
+        let (item, bytes) = o.held.pop_front().expect("promotable owner holds records");
+        let (_, became_ready) = o.enqueue(item, Some(permit), bytes);
+        // Still room (several turns ended before a permit came): it stays
+        // listed, behind the other keys.
+        if o.can_promote(&self.limits) {
+            state.promotable.push_back(owner);
+        } else {
+            o.promotable = false;
+        }
+        self.has_promotable
+            .store(!state.promotable.is_empty(), Ordering::Release);
+        let worker = if became_ready {
+            state.ready.push_back(owner);
+            state.wake_one()
+        } else {
+            None
+        };
+        drop(guard);
+        if let Some(worker) = worker {
+            worker.wake();
+        }
+        Ok(())
     }
 
     /// Waits until the total is below its limit (the receive loop calls this
@@ -273,9 +403,23 @@ impl<T> OwnerSet<T> {
         .await
     }
 
+    /// Ready once a held record can be promoted (or the set closed):
+    /// wakes the receive loop out of a wait for new records.
+    pub(crate) fn poll_promotable(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.has_promotable() {
+            return Poll::Ready(());
+        }
+        let mut state = self.lock();
+        if state.closed || !state.promotable.is_empty() {
+            return Poll::Ready(());
+        }
+        register_space(&mut state.space, cx);
+        Poll::Pending
+    }
+
     /// One turn, through a fresh [`waiter`](Self::waiter).
     #[cfg(test)]
-    pub(crate) async fn next_turn(&self) -> Option<Turn<T>> {
+    pub(crate) async fn next_turn(&self) -> Option<Turn<T, P>> {
         let mut wait = self.waiter();
         poll_fn(|cx| wait.poll(cx)).await
     }
@@ -284,15 +428,16 @@ impl<T> OwnerSet<T> {
     /// oldest ready owner, which stays out of the ready set until
     /// [`finish`](Self::finish); `None` once the set is closed and fully
     /// drained. Reusable from one turn to the next.
-    pub(crate) fn waiter(&self) -> Sleep<'_, T> {
+    pub(crate) fn waiter(&self) -> Sleep<'_, T, P> {
         Sleep {
             set: self,
             token: None,
         }
     }
 
-    /// Ends a turn: releases its reservation and puts the owner back into the
-    /// ready set if it has more work.
+    /// Ends a turn: releases its reservation, puts the owner back into the
+    /// ready set if it has more work, and lists it promotable if a held
+    /// record now fits.
     pub(crate) fn finish(&self, owner: u64, bytes: usize) {
         let mut guard = self.lock();
         let state = &mut *guard;
@@ -305,9 +450,17 @@ impl<T> OwnerSet<T> {
         if !o.fifo.is_empty() {
             state.ready.push_back(owner);
             worker = state.wake_one();
-        } else if o.count == 0 {
+        } else if o.count == 0 && o.held.is_empty() {
             let o = state.owners.remove(&owner).expect("running owner exists");
             state.recycle(o.fifo);
+        }
+        if let Some(o) = state.owners.get_mut(&owner)
+            && !o.promotable
+            && o.can_promote(&self.limits)
+        {
+            o.promotable = true;
+            state.promotable.push_back(owner);
+            self.has_promotable.store(true, Ordering::Release);
         }
         let mut workers = Vec::new();
         if state.closed && state.total == 0 {
@@ -330,13 +483,28 @@ impl<T> OwnerSet<T> {
         workers.into_iter().chain(producers).for_each(Waker::wake);
     }
 
-    /// Stops admissions; workers drain what is queued and then see `None`.
+    /// Stops admissions; held records join their FIFOs (they were received:
+    /// they are processed like the rest), workers drain what is queued and
+    /// then see `None`.
     pub(crate) fn close(&self) {
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
         state.closed = true;
+        state.promotable.clear();
+        self.has_promotable.store(false, Ordering::Release);
+        for (&id, o) in &mut state.owners {
+            o.promotable = false;
+            let was_idle = o.fifo.is_empty() && !o.running;
+            while let Some((item, bytes)) = o.held.pop_front() {
+                o.enqueue(item, None, bytes);
+            }
+            if was_idle && !o.fifo.is_empty() {
+                state.ready.push_back(id);
+            }
+        }
         let workers = state.wake_all_workers();
         let space = std::mem::take(&mut state.space);
-        drop(state);
+        drop(guard);
         workers.into_iter().chain(space).for_each(Waker::wake);
     }
 
@@ -360,20 +528,24 @@ impl<T> OwnerSet<T> {
 /// One worker waiting for a turn. Dropped while it waits (its task aborted),
 /// it leaves the sleepers and hands a wake-up it may have received on to
 /// another worker, so no ready owner is stranded.
-pub(crate) struct Sleep<'a, T> {
-    set: &'a OwnerSet<T>,
+pub(crate) struct Sleep<'a, T, P> {
+    set: &'a OwnerSet<T, P>,
     /// Set while this wait is pending (it registered as a sleeper).
     token: Option<u64>,
 }
 
-impl<T> Sleep<'_, T> {
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Turn<T>>> {
+impl<T, P> Sleep<'_, T, P> {
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Turn<T, P>>> {
         let mut guard = self.set.lock();
         let state = &mut *guard;
         // Level-triggered: whatever woke us (or not), re-check the set.
         if let Some(owner) = state.ready.pop_front() {
             let o = state.owners.get_mut(&owner).expect("ready owner exists");
-            let (item, bytes) = o.fifo.pop_front().expect("ready owner has work");
+            let Queued {
+                item,
+                permit,
+                bytes,
+            } = o.fifo.pop_front().expect("ready owner has work");
             o.running = true;
             if let Some(token) = self.token.take() {
                 // Polled without being woken: leave the sleepers.
@@ -389,7 +561,12 @@ impl<T> Sleep<'_, T> {
             if let Some(other) = other {
                 other.wake();
             }
-            return Poll::Ready(Some(Turn { owner, item, bytes }));
+            return Poll::Ready(Some(Turn {
+                owner,
+                item,
+                permit,
+                bytes,
+            }));
         }
         if state.closed && state.total == 0 {
             if let Some(token) = self.token.take() {
@@ -418,7 +595,7 @@ impl<T> Sleep<'_, T> {
     }
 }
 
-impl<T> Drop for Sleep<'_, T> {
+impl<T, P> Drop for Sleep<'_, T, P> {
     fn drop(&mut self) {
         let Some(token) = self.token else {
             return;
@@ -453,7 +630,10 @@ mod tests {
 
     use super::*;
 
-    fn set(max_count: usize, max_bytes: usize, max_total: usize) -> OwnerSet<u32> {
+    /// Items are numbers; a permit is a marker whose return the tests see.
+    type Set = OwnerSet<u32, ()>;
+
+    fn set(max_count: usize, max_bytes: usize, max_total: usize) -> Set {
         OwnerSet::new(OwnerLimits {
             max_count,
             max_bytes,
@@ -466,12 +646,12 @@ mod tests {
     #[test]
     fn refused_admission_leaves_owner_unchanged() {
         let owners = set(2, 100, 10);
-        assert_eq!(owners.try_admit(7, 1, 40).unwrap(), 0);
-        assert_eq!(owners.try_admit(7, 2, 40).unwrap(), 1);
+        assert_eq!(owners.try_admit(7, 1, (), 40).unwrap(), 0);
+        assert_eq!(owners.try_admit(7, 2, (), 40).unwrap(), 1);
         let before = owners.owner_stats(7).unwrap();
         assert_eq!(before, (2, 80, 2));
 
-        let (why, back) = owners.try_admit(7, 3, 10).unwrap_err();
+        let (why, back, ()) = owners.try_admit(7, 3, (), 10).unwrap_err();
         assert_eq!((why, back), (Refusal::OwnerCount, 3));
         let err = crate::Error::from(why);
         assert!(
@@ -482,15 +662,15 @@ mod tests {
         assert_eq!(owners.total(), 2);
 
         let bytes = set(10, 100, 10);
-        bytes.try_admit(1, 1, 90).unwrap();
+        bytes.try_admit(1, 1, (), 90).unwrap();
         let before = bytes.owner_stats(1).unwrap();
-        let (why, _) = bytes.try_admit(1, 2, 20).unwrap_err();
+        let (why, ..) = bytes.try_admit(1, 2, (), 20).unwrap_err();
         assert_eq!(why, Refusal::OwnerBytes);
         assert_eq!(bytes.owner_stats(1).unwrap(), before);
 
         let total = set(10, 100, 1);
-        total.try_admit(1, 1, 1).unwrap();
-        let (why, _) = total.try_admit(2, 2, 1).unwrap_err();
+        total.try_admit(1, 1, (), 1).unwrap();
+        let (why, ..) = total.try_admit(2, 2, (), 1).unwrap_err();
         assert_eq!(why, Refusal::Total);
         assert!(
             total.owner_stats(2).is_none(),
@@ -504,9 +684,9 @@ mod tests {
     async fn one_turn_per_owner_in_order() {
         let owners = set(10, 1000, 10);
         for i in 0..3 {
-            owners.try_admit(1, i, 1).unwrap();
+            owners.try_admit(1, i, (), 1).unwrap();
         }
-        owners.try_admit(2, 100, 1).unwrap();
+        owners.try_admit(2, 100, (), 1).unwrap();
         let a = owners.next_turn().await.unwrap();
         let b = owners.next_turn().await.unwrap();
         assert_eq!((a.owner, a.item), (1, 0));
@@ -523,6 +703,57 @@ mod tests {
             owners.owner_stats(2).is_none(),
             "an idle empty owner is dropped"
         );
+    }
+
+    /// A one-way record for a full key is held (its permit comes back), a
+    /// request for that key is refused, other keys still go in; the held
+    /// record moves in, in order, once its key has room and a new permit
+    /// is given for it (JQ-5, JQ-10, JQ-22).
+    #[tokio::test(start_paused = true)]
+    async fn a_full_key_holds_its_records_and_blocks_no_other_key() {
+        let owners: OwnerSet<u32, &str> = OwnerSet::new(OwnerLimits {
+            max_count: 1,
+            max_bytes: usize::MAX,
+            max_total: 10,
+        });
+        assert!(matches!(owners.admit(1, 10, "a", 1), Ok(Admitted::Queued)));
+        assert!(matches!(
+            owners.admit(1, 11, "b", 1),
+            Ok(Admitted::Held("b"))
+        ));
+        assert!(matches!(
+            owners.admit(1, 12, "c", 1),
+            Ok(Admitted::Held("c"))
+        ));
+        let (why, ..) = owners.try_admit(1, 13, "r", 1).unwrap_err();
+        assert_eq!(why, Refusal::OwnerCount, "a request for a full key");
+        assert!(matches!(owners.admit(2, 20, "d", 1), Ok(Admitted::Queued)));
+        assert_eq!(owners.total(), 4, "held records count in the total");
+        assert!(!owners.has_promotable());
+
+        let first = owners.next_turn().await.unwrap();
+        assert_eq!((first.item, first.permit), (10, Some("a")));
+        let other = owners.next_turn().await.unwrap();
+        assert_eq!((other.item, other.permit), (20, Some("d")));
+        owners.finish(first.owner, first.bytes);
+        assert!(owners.has_promotable(), "key 1 has room for a held record");
+        // Nothing of key 1 runs until the loop gives the held record a permit.
+        let idle = tokio::time::timeout(Duration::from_secs(1), owners.next_turn()).await;
+        assert!(idle.is_err(), "a held record waits for its new permit");
+        owners.promote("e").unwrap();
+        assert!(!owners.has_promotable(), "the key is full again");
+        let second = owners.next_turn().await.unwrap();
+        assert_eq!((second.item, second.permit), (11, Some("e")));
+        assert_eq!(owners.promote("x"), Err("x"), "nothing to promote");
+
+        // Closing moves what is still held into the FIFOs, without permits.
+        owners.close();
+        owners.finish(second.owner, second.bytes);
+        let third = owners.next_turn().await.unwrap();
+        assert_eq!((third.item, third.permit), (12, None));
+        owners.finish(third.owner, third.bytes);
+        owners.finish(other.owner, other.bytes);
+        assert!(owners.next_turn().await.is_none(), "drained and closed");
     }
 
     /// No lost wake-up: many waiting workers, admissions from another thread;
@@ -548,7 +779,10 @@ mod tests {
             .collect();
         for i in 0..ITEMS {
             assert!(owners.wait_capacity().await);
-            owners.admit(u64::from(i % 97), i, 1).await.unwrap();
+            assert!(matches!(
+                owners.admit(u64::from(i % 97), i, (), 1),
+                Ok(Admitted::Queued)
+            ));
         }
         owners.close();
         for w in workers {

@@ -22,7 +22,6 @@ use tokio::sync::oneshot;
 use super::budget::Budget;
 use super::ring::{RING_SLOTS, Ring};
 use super::ring_wait::RingWait;
-use super::sequential::wait_next;
 use super::slot;
 use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
@@ -246,12 +245,6 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
     loop {
-        if budget.spend() {
-            // A feeder with a backlog lets the other tasks run every so
-            // often, waking the threads it owes a wake-up first.
-            wakes.flush();
-            tokio::task::yield_now().await;
-        }
         let target = match rings.find_space(by_key, &mut cursor) {
             Some(target) => target,
             None => {
@@ -263,29 +256,19 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
                 }
             }
         };
-        let permit = match jobs.try_acquire() {
-            Some(permit) => permit,
-            None => {
-                wakes.flush();
-                let Some(permit) = super::wait_permit(jobs.acquire(), &stop).await else {
-                    break;
-                };
-                permit
-            }
-        };
-        if stop.is_stopped() {
+        // Permit before receive (JQ-4); it travels with the delivery. The
+        // threads owed a wake-up get it before the feeder waits or yields.
+        let Some((delivery, permit)) = super::receive!(
+            &mut subscription,
+            jobs,
+            jobs.try_acquire(),
+            jobs.acquire(),
+            &stop,
+            stopped.as_mut(),
+            &mut budget,
+            wakes.flush(),
+        ) else {
             break;
-        }
-        let delivery = match subscription.try_next() {
-            Some(delivery) => delivery,
-            None => {
-                wakes.flush();
-                budget.refill();
-                let Some(delivery) = wait_next(&mut subscription, stopped.as_mut()).await else {
-                    break;
-                };
-                delivery
-            }
         };
         match J::push(&unit, &rings.rings, delivery, permit, target) {
             Ok(Some(waker)) => wakes.0.push(waker),

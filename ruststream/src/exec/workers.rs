@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use super::budget::Budget;
-use super::sequential::next;
 use super::stop::Stop;
 use crate::binding::Broker;
 use crate::pipeline::{Checked, Unit, invoke};
@@ -60,8 +59,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let mut reserved = None;
     loop {
         // No race with `stop` here: a worker always ends its delivery, and the
-        // loop then sees the stop before it takes another one (`next`), so
-        // the loop ends exactly when it would have (after its workers).
+        // loop then sees the stop before it takes another one (`receive!`),
+        // so the loop ends exactly when it would have (after its workers).
         let id = match reserved.take() {
             Some(id) => id,
             None => match pool.idle().await {
@@ -70,10 +69,15 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             },
         };
         // Permit before receive (JQ-4); it travels with the delivery.
-        let Some(permit) = super::take_permit!(jobs.try_acquire(), jobs.acquire(), &stop) else {
-            break;
-        };
-        let Some(delivery) = next!(&mut subscription, &stop, stopped.as_mut(), &mut budget) else {
+        let Some((delivery, permit)) = super::receive!(
+            &mut subscription,
+            jobs,
+            jobs.try_acquire(),
+            jobs.acquire(),
+            &stop,
+            stopped.as_mut(),
+            &mut budget,
+        ) else {
             break;
         };
         reserved = pool.hand(id, (delivery, permit));

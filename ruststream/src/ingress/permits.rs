@@ -99,6 +99,8 @@ pub struct JobQueue {
     /// Mirror of the tracker's state, for the lock-free fast path.
     paused: AtomicBool,
     tracker: Mutex<Tracker>,
+    /// Serializes [`try_acquire_extra`](Self::try_acquire_extra).
+    extra: Mutex<()>,
     in_use_gauge: ::metrics::Gauge,
     waiters_gauge: ::metrics::Gauge,
 }
@@ -141,6 +143,7 @@ impl JobQueue {
             paused: AtomicBool::new(false),
             in_use_gauge: metrics::jobs_in_use(),
             waiters_gauge: metrics::job_waiters(),
+            extra: Mutex::new(()),
             tracker: Mutex::new(Tracker {
                 state: PressureState::Running,
                 epoch: 1,
@@ -172,6 +175,22 @@ impl JobQueue {
         self.try_slot().then(|| JobPermit {
             queue: Arc::clone(self),
         })
+    }
+
+    /// A permit for a binding's read-ahead (a record it asks for beyond the
+    /// one a loop waits for, see
+    /// [`Subscription::use_job_queue`](crate::Subscription::use_job_queue)):
+    /// taken only while at least one more stays free. Buffered records then
+    /// never hold every permit while a loop waits for one to take them out
+    /// of the buffer (JQ-11: no wait cycle on one authority).
+    pub fn try_acquire_extra(self: &Arc<Self>) -> Option<JobPermit> {
+        // One extra taker at a time, so two never take the last two.
+        let _serial = self.extra.lock().unwrap_or_else(|e| e.into_inner());
+        let free = self.spare.load(Ordering::Acquire) + self.permits.available_permits();
+        if free < 2 {
+            return None;
+        }
+        self.try_acquire()
     }
 
     /// [`acquire`](Self::acquire) for a loop that keeps the queue alive
@@ -276,6 +295,16 @@ impl JobQueue {
         if self.paused.load(Ordering::Acquire) && in_use <= self.thresholds.resume {
             self.recompute();
         }
+    }
+
+    /// Whether no permit is free right now: every one is in use or handed
+    /// to a waiting source. A loop that took the last one lets the other
+    /// tasks of its runtime run before it takes another (JQ-7: a source
+    /// that had its turn goes behind the others), so sources sharing few
+    /// permits take turns even when they run on one worker thread.
+    #[inline]
+    pub(crate) fn saturated(&self) -> bool {
+        self.spare.load(Ordering::Relaxed) == 0 && self.permits.available_permits() == 0
     }
 
     /// Recomputes the state from the current count; applies a change to every

@@ -32,14 +32,17 @@ impl Subscription for MemorySubscription {
             .map(|flow| Arc::clone(flow) as Arc<dyn ReceiveFlow>)
     }
 
+    async fn ready(&mut self) -> bool {
+        self.queue.wait_ready(&self.conn).await
+    }
+
     async fn next(&mut self) -> Option<MemoryDelivery> {
         if self.conn.is_closed() {
             return None;
         }
-        // Cooperative budget: a consumer with a backlog still lets the other
-        // tasks of its runtime run. The runtime's loops looked for a frame at
-        // hand already (`try_next`), so this goes straight to the wait, which
-        // looks again once it is registered for a notification.
+        // Cooperative budget: a reader by hand with a backlog still lets the
+        // other tasks of its runtime run (the runtime's loops use `ready` and
+        // `try_next`, and keep a budget of their own).
         poll_fn(|cx| {
             ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
             Poll::Ready(())
@@ -52,7 +55,7 @@ impl Subscription for MemorySubscription {
     #[inline]
     fn try_next(&mut self) -> Option<MemoryDelivery> {
         // An ended subscription (its connection closed) takes nothing more;
-        // `next` then reports the end.
+        // `ready` then reports the end.
         if self.conn.is_closed() {
             return None;
         }

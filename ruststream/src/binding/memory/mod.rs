@@ -825,7 +825,7 @@ fn inbox_subject(arena: &mut TextArena, prefix: &str, lane: Option<u64>, id: u64
 }
 
 impl Requester for MemoryBroker {
-    fn request_message(
+    fn send_request(
         &self,
         subject: &str,
         message: Message,
@@ -876,7 +876,9 @@ impl LaneRequester {
     /// receive FIFO (single-lane). The reply waits behind frames queued
     /// before it and under the queue's HWM and pause; once it reaches the head
     /// it completes this call without a job permit. A reply that arrives
-    /// after `timeout` is dropped: the first terminal result wins.
+    /// after `timeout` is dropped: the first terminal result wins. A reply
+    /// that reports a failure is an error, as in
+    /// [`Requester::request_message`](crate::Requester::request_message).
     pub async fn request_message(
         &self,
         subject: &str,
@@ -886,8 +888,9 @@ impl LaneRequester {
         let Some(broker) = &self.broker else {
             return Err(connection_closed());
         };
-        broker
+        let reply = broker
             .request_via(Some(self.lane), subject, message, timeout)
-            .await
+            .await?;
+        crate::reply_result(reply)
     }
 }

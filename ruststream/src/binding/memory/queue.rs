@@ -498,6 +498,34 @@ impl Queue {
         Poll::Pending
     }
 
+    /// Waits until a frame is at hand, taking nothing: `false` once the
+    /// queue is closed or `conn` closes. For a consumer that takes its job
+    /// permit only once there is something to receive (JQ-4); it then takes
+    /// the frame with [`try_pop`](Self::try_pop), which may find it gone to
+    /// another member of the group (it waits again).
+    pub(crate) async fn wait_ready(&self, conn: &Connection) -> bool {
+        let mut reader = Reader {
+            queue: self,
+            token: None,
+        };
+        poll_fn(|cx| {
+            let mut state = self.lock();
+            // A closed connection takes nothing more (`try_pop` is never
+            // called), so it must not look ready.
+            if state.closed || conn.is_closed() {
+                state.readers.forget(reader.token.take());
+                return Poll::Ready(false);
+            }
+            if state.lanes.iter().any(|lane| !lane.items.is_empty()) {
+                state.readers.forget(reader.token.take());
+                return Poll::Ready(true);
+            }
+            state.readers.register(&mut reader.token, cx.waker());
+            Poll::Pending
+        })
+        .await
+    }
+
     /// Wakes every consumer waiting on this queue, to look again.
     pub(crate) fn wake_readers(&self) {
         let readers = self.lock().readers.take_all();

@@ -22,6 +22,9 @@ pub struct NatsSubscription {
     main: async_nats::Subscriber,
     redeliver: async_nats::Subscriber,
     shared: Arc<Shared>,
+    /// The read-ahead of one that [`ready`](Subscription::ready) waits
+    /// for: received, not yet handed to the runtime.
+    ahead: Option<NatsDelivery>,
 }
 
 /// What every delivery of one subscription needs to settle itself.
@@ -67,6 +70,7 @@ impl NatsSubscription {
             .await
             .map_err(|err| crate::Error::Transport(err.into()))?;
         Ok(NatsSubscription {
+            ahead: None,
             subjects: convert::SubjectCache::default(),
             main,
             redeliver,
@@ -84,7 +88,21 @@ impl NatsSubscription {
 impl Subscription for NatsSubscription {
     type Delivery = NatsDelivery;
 
+    async fn ready(&mut self) -> bool {
+        if self.ahead.is_none() {
+            self.ahead = Subscription::next(self).await;
+        }
+        self.ahead.is_some()
+    }
+
+    fn try_next(&mut self) -> Option<NatsDelivery> {
+        self.ahead.take()
+    }
+
     async fn next(&mut self) -> Option<NatsDelivery> {
+        if let Some(delivery) = self.ahead.take() {
+            return Some(delivery);
+        }
         if self.shared.broker.ensure_open().is_err() {
             return None;
         }

@@ -1,7 +1,7 @@
 //! JetStream: durable streams read through pull consumers. A pull is made
-//! only when the runtime asks for the next message — after it took a job
-//! permit (JQ-4) — and asks for at most `pull_window` messages, so nothing
-//! runs ahead of the app by more than that window.
+//! only when the runtime waits for the next message and asks for at most
+//! `pull_window` messages, so nothing runs ahead of what the app has taken
+//! (with a job permit each, JQ-4) by more than that window.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -209,13 +209,13 @@ impl Broker for JetStream {
 
 /// Requests go over core NATS inboxes on the same connection.
 impl Requester for JetStream {
-    async fn request_message(
+    async fn send_request(
         &self,
         subject: &str,
         message: Message,
         timeout: Duration,
     ) -> Result<Envelope> {
-        self.nats.request_message(subject, message, timeout).await
+        self.nats.send_request(subject, message, timeout).await
     }
 }
 
@@ -240,6 +240,9 @@ pub struct JetStreamSubscription {
     expires: Duration,
     flow: Option<Arc<PullFlow>>,
     shared: Arc<Shared>,
+    /// The read-ahead of one that [`ready`](Subscription::ready) waits
+    /// for: received, not yet handed to the runtime.
+    ahead: Option<JetStreamDelivery>,
 }
 
 struct Shared {
@@ -278,6 +281,7 @@ impl JetStreamSubscription {
             Error::Transport(format!("JetStream consumer on `{}`: {err}", options.subject).into())
         })?;
         Ok(JetStreamSubscription {
+            ahead: None,
             subjects: convert::SubjectCache::default(),
             consumer,
             batch: None,
@@ -295,7 +299,21 @@ impl JetStreamSubscription {
 impl Subscription for JetStreamSubscription {
     type Delivery = JetStreamDelivery;
 
+    async fn ready(&mut self) -> bool {
+        if self.ahead.is_none() {
+            self.ahead = Subscription::next(self).await;
+        }
+        self.ahead.is_some()
+    }
+
+    fn try_next(&mut self) -> Option<JetStreamDelivery> {
+        self.ahead.take()
+    }
+
     async fn next(&mut self) -> Option<JetStreamDelivery> {
+        if let Some(delivery) = self.ahead.take() {
+            return Some(delivery);
+        }
         let mut backoff = Duration::from_millis(50);
         loop {
             if self.shared.nats.ensure_open().is_err() {

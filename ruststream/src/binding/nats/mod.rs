@@ -338,7 +338,7 @@ impl Broker for NatsBroker {
 }
 
 impl Requester for NatsBroker {
-    async fn request_message(
+    async fn send_request(
         &self,
         subject: &str,
         message: Message,

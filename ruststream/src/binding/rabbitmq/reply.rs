@@ -197,7 +197,7 @@ impl Requester for RabbitBroker {
     /// request channel, or the broker refusing it because the recovered
     /// channel has no reply consumer yet — is tried again, within `timeout`,
     /// on a fresh request channel.
-    async fn request_message(
+    async fn send_request(
         &self,
         subject: &str,
         message: Message,

@@ -34,6 +34,9 @@ pub struct RabbitSubscription {
     consumer: Consumer,
     flow: Option<Arc<Flow>>,
     shared: Arc<Shared>,
+    /// The read-ahead of one that [`ready`](Subscription::ready) waits
+    /// for: received, not yet handed to the runtime.
+    ahead: Option<RabbitDelivery>,
 }
 
 struct Shared {
@@ -123,6 +126,7 @@ impl RabbitSubscription {
             windows.push(Arc::downgrade(&acks));
         }
         Ok(RabbitSubscription {
+            ahead: None,
             channel,
             prefetch: broker.inner.settings.prefetch,
             consumer: Consumer::NotStarted,
@@ -266,7 +270,21 @@ fn text(value: &AMQPValue) -> Option<String> {
 impl Subscription for RabbitSubscription {
     type Delivery = RabbitDelivery;
 
+    async fn ready(&mut self) -> bool {
+        if self.ahead.is_none() {
+            self.ahead = Subscription::next(self).await;
+        }
+        self.ahead.is_some()
+    }
+
+    fn try_next(&mut self) -> Option<RabbitDelivery> {
+        self.ahead.take()
+    }
+
     async fn next(&mut self) -> Option<RabbitDelivery> {
+        if let Some(delivery) = self.ahead.take() {
+            return Some(delivery);
+        }
         if self.shared.broker.ensure_open().is_err() {
             return None;
         }

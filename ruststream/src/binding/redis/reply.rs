@@ -155,7 +155,7 @@ impl Requester for RedisBroker {
     /// Adds the request to the stream named by `subject` with a reply
     /// channel, and waits up to `timeout` for the reply. A stream without
     /// consumer groups has no responders: `Error::NoResponders` at once.
-    async fn request_message(
+    async fn send_request(
         &self,
         subject: &str,
         message: Message,

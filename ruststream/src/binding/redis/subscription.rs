@@ -28,12 +28,16 @@ pub struct RedisSubscription {
     shared: Arc<Shared>,
     consumer: String,
     /// Read records, each with the job permit it was asked for under
-    /// (`None` for the first of a read: the runtime's own permit covers it).
+    /// (`None` for the first of a read: the read-ahead of one that `ready`
+    /// waits for, taken by the runtime with a permit of its own).
     buffer: VecDeque<(StreamId, u32, Option<JobPermit>)>,
     jobs: Option<Arc<JobQueue>>,
     last_claim: Instant,
     /// A fan-out subscription's group is its own: destroyed when it drops.
     own_group: bool,
+    /// The read-ahead of one that [`ready`](Subscription::ready) waits
+    /// for: received, not yet handed to the runtime.
+    ahead: Option<RedisDelivery>,
 }
 
 /// What deliveries need to settle themselves.
@@ -78,6 +82,7 @@ impl RedisSubscription {
         .await
         .map_err(transport)?;
         Ok(RedisSubscription {
+            ahead: None,
             reader,
             flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
             consumer: format!("rs-{pid}-{n}"),
@@ -139,21 +144,23 @@ impl RedisSubscription {
         Ok(())
     }
 
-    /// Permits for a read beyond the first record: as many as are free now,
-    /// up to `read_count − 1`, taken without waiting.
+    /// Permits for a read beyond the first record: as many as are free now
+    /// while one more stays free, up to `read_count − 1`, taken without
+    /// waiting.
     fn extra_permits(&self) -> Vec<JobPermit> {
         let want = self.shared.broker.inner.settings.read_count - 1;
         let Some(jobs) = &self.jobs else {
             return Vec::new();
         };
-        std::iter::from_fn(|| jobs.try_acquire())
+        std::iter::from_fn(|| jobs.try_acquire_extra())
             .take(want)
             .collect()
     }
 
     /// Reads new entries. With the app's job queue, a read asks for one
-    /// record (the runtime's permit) plus one per extra permit it could take
-    /// now, and only a read that asks for one record blocks: extra permits
+    /// record (the read-ahead the runtime takes with a permit of its own)
+    /// plus one per extra permit it could take now, and only a read that
+    /// asks for one record blocks: extra permits
     /// are never held while waiting for data, so other subscriptions are
     /// not starved of them.
     async fn read(&mut self) -> redis::RedisResult<()> {
@@ -224,7 +231,21 @@ impl Subscription for RedisSubscription {
         self.jobs = Some(Arc::clone(jobs));
     }
 
+    async fn ready(&mut self) -> bool {
+        if self.ahead.is_none() {
+            self.ahead = Subscription::next(self).await;
+        }
+        self.ahead.is_some()
+    }
+
+    fn try_next(&mut self) -> Option<RedisDelivery> {
+        self.ahead.take()
+    }
+
     async fn next(&mut self) -> Option<RedisDelivery> {
+        if let Some(delivery) = self.ahead.take() {
+            return Some(delivery);
+        }
         let mut backoff = Duration::from_millis(50);
         loop {
             if self.shared.broker.ensure_open().is_err() {
