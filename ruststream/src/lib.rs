@@ -57,6 +57,9 @@ mod sync;
 mod tasks;
 mod text;
 
+#[cfg(all(test, loom))]
+mod loom_models;
+
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;

@@ -2,7 +2,13 @@
 
 /// Resolves at the first SIGINT (Ctrl-C) or, on Unix, SIGTERM.
 pub(crate) async fn terminate() -> std::io::Result<()> {
-    #[cfg(unix)]
+    // Tokio has no signals when built for the loom models (`--cfg loom`),
+    // which never run an app.
+    #[cfg(loom)]
+    {
+        std::future::pending().await
+    }
+    #[cfg(all(unix, not(loom)))]
     {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate())?;
@@ -11,7 +17,7 @@ pub(crate) async fn terminate() -> std::io::Result<()> {
             _ = term.recv() => Ok(()),
         }
     }
-    #[cfg(not(unix))]
+    #[cfg(all(not(unix), not(loom)))]
     {
         tokio::signal::ctrl_c().await
     }

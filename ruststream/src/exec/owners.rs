@@ -418,7 +418,7 @@ impl<T, P> OwnerSet<T, P> {
     }
 
     /// One turn, through a fresh [`waiter`](Self::waiter).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) async fn next_turn(&self) -> Option<Turn<T, P>> {
         let mut wait = self.waiter();
         poll_fn(|cx| wait.poll(cx)).await
@@ -509,7 +509,7 @@ impl<T, P> OwnerSet<T, P> {
     }
 
     /// `(count, bytes, next_seq)` of one owner.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn owner_stats(&self, owner: u64) -> Option<(usize, usize, u64)> {
         let state = self.lock();
         state
@@ -519,7 +519,7 @@ impl<T, P> OwnerSet<T, P> {
     }
 
     /// Items held by all owners.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn total(&self) -> usize {
         self.lock().total
     }
@@ -624,7 +624,7 @@ fn register_space(space: &mut Vec<Waker>, cx: &Context<'_>) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use std::time::Duration;
 

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 
 use tokio::sync::oneshot;
@@ -28,6 +28,7 @@ use crate::binding::{Broker, Delivery, Subscription};
 use crate::ingress::JobPermit;
 use crate::pipeline::{Checked, Early, Unit, invoke};
 use crate::subscriber::Subscriber;
+use crate::sync::{Mutex, MutexGuard};
 
 type DeliveryOf<B> = <<B as Broker>::Subscription as Subscription>::Delivery;
 
@@ -124,21 +125,29 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
     }
 }
 
-struct Rings<T> {
-    rings: Vec<Ring<T>>,
+pub(crate) struct Rings<T> {
+    pub(crate) rings: Vec<Ring<T>>,
     /// The feeder, while it waits for a free slot. Threads wake it only
     /// when their ring goes from full to not full.
     feeder: Mutex<Option<Waker>>,
 }
 
 impl<T> Rings<T> {
+    /// `n` empty rings.
+    pub(crate) fn new(n: usize) -> Self {
+        Rings {
+            rings: (0..n).map(|_| Ring::new()).collect(),
+            feeder: Mutex::new(None),
+        }
+    }
+
     fn feeder(&self) -> MutexGuard<'_, Option<Waker>> {
         self.feeder.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A ring with a free slot now (round robin from `cursor`), or — with
     /// `all` — whether every ring has one.
-    fn find_space(&self, all: bool, cursor: &mut usize) -> Option<usize> {
+    pub(crate) fn find_space(&self, all: bool, cursor: &mut usize) -> Option<usize> {
         if all {
             return self.rings.iter().all(Ring::has_space).then_some(0);
         }
@@ -153,7 +162,7 @@ impl<T> Rings<T> {
     }
 
     /// Waits for [`find_space`](Self::find_space).
-    async fn wait_space(&self, all: bool, cursor: &mut usize) -> usize {
+    pub(crate) async fn wait_space(&self, all: bool, cursor: &mut usize) -> usize {
         poll_fn(|cx| {
             if let Some(i) = self.find_space(all, cursor) {
                 return Poll::Ready(i);
@@ -174,7 +183,7 @@ impl<T> Rings<T> {
     }
 
     /// A ring went from full to not full.
-    fn freed(&self) {
+    pub(crate) fn freed(&self) {
         let feeder = self.feeder().take();
         if let Some(feeder) = feeder {
             feeder.wake();
@@ -203,10 +212,7 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     n: usize,
 ) {
     let by_key = J::ALL_RINGS;
-    let rings: Arc<Rings<J>> = Arc::new(Rings {
-        rings: (0..n).map(|_| Ring::new()).collect(),
-        feeder: Mutex::new(None),
-    });
+    let rings: Arc<Rings<J>> = Arc::new(Rings::new(n));
     let mut finished = Vec::with_capacity(n);
     for index in 0..n {
         let (done, finished_rx) = oneshot::channel::<()>();

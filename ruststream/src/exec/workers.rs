@@ -10,7 +10,7 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use super::budget::Budget;
@@ -18,6 +18,7 @@ use super::stop::Stop;
 use crate::binding::Broker;
 use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::SendSubscriber;
+use crate::sync::{Mutex, MutexGuard};
 
 pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     unit: Arc<Unit<B, S>>,
@@ -91,7 +92,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
 }
 
 /// The workers' mailboxes and the idle stack.
-struct Pool<D> {
+pub(crate) struct Pool<D> {
     state: Mutex<PoolState<D>>,
 }
 
@@ -118,7 +119,7 @@ struct Mailbox<D> {
 }
 
 impl<D> Pool<D> {
-    fn new(n: usize) -> Self {
+    pub(crate) fn new(n: usize) -> Self {
         Pool {
             state: Mutex::new(PoolState {
                 idle: Vec::with_capacity(n),
@@ -157,7 +158,7 @@ impl<D> Pool<D> {
     }
 
     /// Waits for an idle worker; `None` once every worker has ended.
-    fn idle(&self) -> impl Future<Output = Option<usize>> + '_ {
+    pub(crate) fn idle(&self) -> impl Future<Output = Option<usize>> + '_ {
         poll_fn(|cx| {
             let mut state = self.lock();
             match Self::pop_idle(&mut state) {
@@ -179,7 +180,7 @@ impl<D> Pool<D> {
     /// next idle worker if there is one, for the next delivery: the loop
     /// then needs no lock of its own to find it. (A reserved worker waits
     /// like any other; closing the mailboxes ends it.)
-    fn hand(&self, id: usize, delivery: D) -> Option<usize> {
+    pub(crate) fn hand(&self, id: usize, delivery: D) -> Option<usize> {
         let mut state = self.lock();
         let next = Self::pop_idle(&mut state).ok();
         let mailbox = &mut state.mailboxes[id];
@@ -200,7 +201,7 @@ impl<D> Pool<D> {
     /// the mailboxes are closed and this one is empty.
     // A plain `poll_fn` rather than an `async fn` around one: one future
     // layer less to resume for every delivery.
-    fn recv(&self, id: usize) -> impl Future<Output = Option<D>> + '_ {
+    pub(crate) fn recv(&self, id: usize) -> impl Future<Output = Option<D>> + '_ {
         poll_fn(move |cx| self.poll_recv(id, cx))
     }
 
@@ -229,7 +230,7 @@ impl<D> Pool<D> {
     }
 
     /// No more deliveries: wakes every waiting worker so it can stop.
-    fn close(&self) {
+    pub(crate) fn close(&self) {
         let mut state = self.lock();
         state.closed = true;
         let wakers: Vec<Waker> = state
@@ -263,7 +264,7 @@ impl<D> Drop for CloseOnDrop<D> {
 
 /// Held by a worker task: when it ends (also by a panic), the loop stops
 /// waiting for it.
-struct Alive<'a, D>(&'a Pool<D>);
+pub(crate) struct Alive<'a, D>(pub(crate) &'a Pool<D>);
 
 impl<D> Drop for Alive<'_, D> {
     fn drop(&mut self) {
@@ -277,7 +278,7 @@ impl<D> Drop for Alive<'_, D> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use std::task::{Context, Poll, Waker};
 

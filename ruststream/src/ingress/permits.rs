@@ -1,16 +1,16 @@
 //! Job permits (JQ-2, JQ-4 … JQ-8, JQ-11) and the pressure state they drive
 //! (JQ-14 … JQ-17).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::pressure::{Pressure, PressureState, Thresholds};
 use super::settings::JobQueueSettings;
 use crate::metrics;
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{Mutex, MutexGuard, Semaphore};
 
 /// A receive-flow switch (JQ-15): the one control point between framework
 /// pressure and a binding's receive flow (JQ-16). Called outside every lock
@@ -223,9 +223,14 @@ impl JobQueue {
         self.taken();
     }
 
-    /// Takes a slot if one is free now and no source waits for one.
+    /// Takes a slot if one is free now and no source waits for one: a
+    /// permit given back while a source waits is that source's, in the
+    /// semaphore or still spare, so the fast path never overtakes it.
     #[inline]
     fn try_slot(&self) -> bool {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
         if !self.take_spare() {
             match self.permits.try_acquire() {
                 Ok(permit) => permit.forget(),
@@ -236,12 +241,9 @@ impl JobQueue {
         true
     }
 
-    /// Takes a spare permit, unless a source waits (it goes first).
+    /// Takes a spare permit, if there is one.
     #[inline]
     fn take_spare(&self) -> bool {
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            return false;
-        }
         let mut spare = self.spare.load(Ordering::Relaxed);
         while spare > 0 {
             match self.spare.compare_exchange_weak(
