@@ -4,8 +4,8 @@
 mod common;
 
 use std::future::pending;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Gate, within};
@@ -470,19 +470,24 @@ async fn poison(_job: String) -> Result<(), HandlerError> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fail_fast_subscriber_shuts_the_app_down() {
     let broker = MemoryBroker::new();
-    let app = App::new().broker(broker.clone()).subscriber(poison);
+    let started = Arc::new(Notify::new());
+    let app = App::new()
+        .broker(broker.clone())
+        .subscriber(poison)
+        .after_startup({
+            let started = Arc::clone(&started);
+            move |_| async move {
+                started.notify_one();
+                Ok(())
+            }
+        });
     let run = tokio::spawn(app.run());
-    // `run` subscribes before it can receive; retry until it does.
-    within(10, "the subscriber to take the poison message", async {
-        while POISON_SEEN.load(Ordering::SeqCst) == 0 {
-            broker
-                .publish_message("failfast.jobs", Message::new("poison"), None)
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    // `run` has subscribed once its after-startup hook runs.
+    within(10, "the app to start", started.notified()).await;
+    broker
+        .publish_message("failfast.jobs", Message::new("poison"), None)
+        .await
+        .unwrap();
     within(10, "run to return after fail-fast", run)
         .await
         .unwrap()
