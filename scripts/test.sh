@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test (unit, integration,
-# doc tests including the book's and the README's examples, trybuild UI cases)
-# a check that every file the book includes exists, and every example run.
+# doc tests including the book's and the README's examples, trybuild UI cases),
+# a check that every file the book includes exists, the loom models, and
+# every example run.
 # Integration tests talk to real brokers on loopback: scripts/services.sh
 # starts (and if needed installs) the ones that are down.
 set -euo pipefail
@@ -35,6 +36,9 @@ ensure_rabbitmq
 
 step "cargo test --workspace --all-features"
 cargo test --workspace --all-features
+
+step "loom models of the concurrent hand-offs (scripts/loom.sh)"
+scripts/loom.sh
 
 step "every example runs and exits 0 on its own"
 for example in quickstart execution_modes lifecycle nats_orders redis_orders rabbitmq_orders; do

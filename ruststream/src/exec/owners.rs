@@ -159,6 +159,8 @@ struct State<T, P> {
     /// Owners whose oldest held record fits into their FIFO again, each
     /// listed once, in the order they got room.
     promotable: VecDeque<u64>,
+    /// Held records, all owners together.
+    held: usize,
     total: usize,
     closed: bool,
     spare: Vec<VecDeque<Queued<T, P>>>,
@@ -224,6 +226,7 @@ impl<T, P> OwnerSet<T, P> {
                 owners: HashMap::default(),
                 ready: VecDeque::new(),
                 promotable: VecDeque::new(),
+                held: 0,
                 total: 0,
                 closed: false,
                 spare: Vec::new(),
@@ -297,6 +300,7 @@ impl<T, P> OwnerSet<T, P> {
             && o.refusal(&self.limits, bytes).is_some()
         {
             o.held.push_back((item, bytes));
+            state.held += 1;
             state.total += 1;
             return Ok(Admitted::Held(permit));
         }
@@ -363,6 +367,7 @@ impl<T, P> OwnerSet<T, P> {
             .get_mut(&owner)
             .expect("promotable owner exists");
         let (item, bytes) = o.held.pop_front().expect("promotable owner holds records");
+        state.held -= 1;
         let (_, became_ready) = o.enqueue(item, Some(permit), bytes);
         // Still room (several turns ended before a permit came): it stays
         // listed, behind the other keys.
@@ -404,7 +409,9 @@ impl<T, P> OwnerSet<T, P> {
     }
 
     /// Ready once a held record can be promoted (or the set closed):
-    /// wakes the receive loop out of a wait for new records.
+    /// wakes the receive loop out of a wait for new records. Without held
+    /// records nothing can become promotable, so the wait registers only
+    /// while some are held: an idle loop is not woken by every turn.
     pub(crate) fn poll_promotable(&self, cx: &mut Context<'_>) -> Poll<()> {
         if self.has_promotable() {
             return Poll::Ready(());
@@ -413,7 +420,9 @@ impl<T, P> OwnerSet<T, P> {
         if state.closed || !state.promotable.is_empty() {
             return Poll::Ready(());
         }
-        register_space(&mut state.space, cx);
+        if state.held > 0 {
+            register_space(&mut state.space, cx);
+        }
         Poll::Pending
     }
 
@@ -502,6 +511,7 @@ impl<T, P> OwnerSet<T, P> {
                 state.ready.push_back(id);
             }
         }
+        state.held = 0;
         let workers = state.wake_all_workers();
         let space = std::mem::take(&mut state.space);
         drop(guard);

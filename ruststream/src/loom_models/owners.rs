@@ -12,68 +12,86 @@ use loom::thread;
 use super::check;
 use crate::exec::owners::{Admitted, OwnerLimits, OwnerSet};
 
-/// Two workers take turns while the receive loop admits three records of
-/// two keys with a per-key limit of 1 (so one is held and promoted): a key
-/// never runs on two workers at once, its records run in arrival order,
-/// every record runs once, no wake-up is lost (a lost one deadlocks), and
-/// closing ends the workers.
-#[test]
-fn one_turn_per_key_in_order_with_held_records() {
-    check(|| {
-        let owners = Arc::new(OwnerSet::<(u64, u32), ()>::new(OwnerLimits {
-            max_count: 1,
-            max_bytes: usize::MAX,
-            max_total: 3,
-        }));
-        let running = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let workers: Vec<_> = (0..2)
-            .map(|_| {
-                let owners = Arc::clone(&owners);
-                let running = Arc::clone(&running);
-                let log = Arc::clone(&log);
-                thread::spawn(move || {
-                    block_on(async {
-                        let mut wait = owners.waiter();
-                        while let Some(turn) = poll_fn(|cx| wait.poll(cx)).await {
-                            let (key, n) = turn.item;
-                            let busy = &running[key as usize];
-                            assert!(
-                                !busy.swap(true, Ordering::SeqCst),
-                                "key {key} twice at once"
-                            );
-                            log.lock().unwrap().push((key, n));
-                            busy.store(false, Ordering::SeqCst);
-                            owners.finish(turn.owner, turn.bytes);
-                        }
-                    })
+/// Two workers take turns while the receive loop admits `records` (key,
+/// number) with a per-key limit of `per_key`: a key never runs on two
+/// workers at once, its records run in arrival order, every record runs
+/// once, no wake-up is lost (a lost one deadlocks), and closing ends the
+/// workers.
+fn turns(per_key: usize, records: &'static [(u64, u32)]) {
+    let owners = Arc::new(OwnerSet::<(u64, u32), ()>::new(OwnerLimits {
+        max_count: per_key,
+        max_bytes: usize::MAX,
+        max_total: records.len(),
+    }));
+    let running = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let owners = Arc::clone(&owners);
+            let running = Arc::clone(&running);
+            let log = Arc::clone(&log);
+            thread::spawn(move || {
+                block_on(async {
+                    let mut wait = owners.waiter();
+                    while let Some(turn) = poll_fn(|cx| wait.poll(cx)).await {
+                        let (key, n) = turn.item;
+                        let busy = &running[key as usize];
+                        assert!(
+                            !busy.swap(true, Ordering::SeqCst),
+                            "key {key} twice at once"
+                        );
+                        log.lock().unwrap().push((key, n));
+                        busy.store(false, Ordering::SeqCst);
+                        owners.finish(turn.owner, turn.bytes);
+                    }
                 })
             })
-            .collect();
-        block_on(async {
-            for (key, n) in [(0, 0), (0, 1), (1, 0)] {
-                // The receive loop: held records with room first (JQ-5).
-                while owners.has_promotable() {
-                    let _ = owners.promote(());
-                }
-                assert!(owners.wait_capacity().await);
-                match owners.admit(key, (key, n), (), 1) {
-                    Ok(Admitted::Queued | Admitted::Held(())) => {}
-                    Err(_) => unreachable!("open"),
-                }
+        })
+        .collect();
+    block_on(async {
+        for &(key, n) in records {
+            // The receive loop: held records with room first (JQ-5).
+            while owners.has_promotable() {
+                let _ = owners.promote(());
             }
-            owners.close();
-        });
-        for worker in workers {
-            worker.join().unwrap();
+            assert!(owners.wait_capacity().await);
+            match owners.admit(key, (key, n), (), 1) {
+                Ok(Admitted::Queued | Admitted::Held(())) => {}
+                Err(_) => unreachable!("open"),
+            }
         }
-        let log = log.lock().unwrap().clone();
-        assert_eq!(log.len(), 3, "every record once: {log:?}");
-        let key0: Vec<u32> = log
+        owners.close();
+    });
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), records.len(), "every record once: {log:?}");
+    for key in [0, 1] {
+        let ran: Vec<u32> = log
             .iter()
-            .filter(|(k, _)| *k == 0)
+            .filter(|(k, _)| *k == key)
             .map(|(_, n)| *n)
             .collect();
-        assert_eq!(key0, [0, 1], "in arrival order");
-    });
+        let sent: Vec<u32> = records
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, n)| *n)
+            .collect();
+        assert_eq!(ran, sent, "key {key} in arrival order: {log:?}");
+    }
+}
+
+/// A key at its limit of 1 holds its next records, which are promoted in
+/// order while the other worker is free to take them.
+#[test]
+fn held_records_of_a_key_run_in_order_and_one_at_a_time() {
+    check(|| turns(1, &[(0, 0), (0, 1), (0, 2)]));
+}
+
+/// A key with a queued record goes back to the ready set when its turn
+/// ends, beside another key.
+#[test]
+fn a_key_with_more_work_is_ready_again_after_its_turn() {
+    check(|| turns(2, &[(0, 0), (0, 1), (1, 0)]));
 }
