@@ -15,6 +15,10 @@ pub mod header {
     pub const ORIGINAL_SUBJECT: &str = "ruststream-original-subject";
     /// Attempt number at which a message was dead-lettered.
     pub const ATTEMPT: &str = "ruststream-attempt";
+    /// The broker's id of a message a binding dead-lettered on its own,
+    /// before any handler could see it (a malformed Redis entry's id, the
+    /// stream sequence of a JetStream message the client could not read).
+    pub const ORIGINAL_ID: &str = "ruststream-original-id";
     /// Attempts made on the earlier copies of a message that `retry_after`
     /// republished.
     pub const RETRIES: &str = "ruststream-retries";

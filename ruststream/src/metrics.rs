@@ -63,6 +63,26 @@ pub(crate) fn exhausted(subject: &Text) {
     metrics::counter!(ATTEMPTS_EXHAUSTED, "subject" => subject.to_string()).increment(1);
 }
 
+/// A received header (name `name`, on `subject`) left out of its message
+/// because it is not valid UTF-8: counted every time, logged once per
+/// binding — a producer that sends one usually sends many.
+#[cfg_attr(not(any(feature = "redis", feature = "rabbitmq")), allow(dead_code))]
+pub(crate) fn unreadable_header(binding: &'static str, subject: &str, name: &str) {
+    static LOGGED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    metrics::counter!(UNREADABLE_HEADERS, "binding" => binding).increment(1);
+    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    if !logged.contains(&binding) {
+        logged.push(binding);
+        tracing::warn!(
+            binding,
+            subject,
+            header = name,
+            "a received header value is not valid UTF-8 and was left out of the message \
+             (logged once; counted in {UNREADABLE_HEADERS})"
+        );
+    }
+}
+
 /// Publishes that ended in `DeadlineExceeded`.
 pub const DEADLINE_EXCEEDED: &str = "ruststream_deadline_exceeded_total";
 /// Settlement calls that failed.

@@ -24,6 +24,7 @@
 //!
 //! No wildcards: a stream key is exact.
 
+mod entry;
 mod reply;
 mod subscription;
 
@@ -302,16 +303,21 @@ impl RedisBroker {
         Ok(())
     }
 
-    /// The `XADD` of `message` to `stream`.
-    fn xadd(&self, stream: &str, message: &Message) -> redis::Cmd {
+    /// An `XADD` to `stream` (trimmed where `maxlen` says), fields to follow.
+    fn xadd_to(&self, stream: &str) -> redis::Cmd {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(stream);
         if let Some(maxlen) = self.inner.settings.maxlen {
             cmd.arg("MAXLEN").arg("~").arg(maxlen);
         }
-        cmd.arg("*")
-            .arg(field::PAYLOAD)
-            .arg(message.payload().as_ref());
+        cmd.arg("*");
+        cmd
+    }
+
+    /// The `XADD` of `message` to `stream`.
+    fn xadd(&self, stream: &str, message: &Message) -> redis::Cmd {
+        let mut cmd = self.xadd_to(stream);
+        cmd.arg(field::PAYLOAD).arg(message.payload().as_ref());
         if let Some(key) = message.key() {
             cmd.arg(field::KEY).arg(key.as_str());
         }

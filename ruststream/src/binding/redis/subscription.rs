@@ -8,15 +8,16 @@ use std::time::Duration;
 
 use redis::Value;
 use redis::aio::ConnectionManager;
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
+use redis::streams::StreamPendingCountReply;
 use tokio::time::Instant;
 
+use super::entry::{self, Entry};
 use super::{RedisBroker, field, transport};
 use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Delivery, SubscribeOptions, Subscription};
 use crate::ingress::{JobPermit, JobQueue, ReceiveFlow};
 use crate::message::header;
-use crate::{Envelope, Error, Message, Result, Text};
+use crate::{Envelope, Error, Result, Text};
 
 static NEXT_CONSUMER: AtomicU64 = AtomicU64::new(1);
 
@@ -29,9 +30,11 @@ pub struct RedisSubscription {
     consumer: String,
     /// Read records, each with the job permit it was asked for under
     /// (`None` for the first of a read: the runtime's own permit covers it).
-    buffer: VecDeque<(StreamId, u32, Option<JobPermit>)>,
+    buffer: VecDeque<(Entry, u32, Option<JobPermit>)>,
     jobs: Option<Arc<JobQueue>>,
     last_claim: Instant,
+    /// Where the next `XAUTOCLAIM` goes on scanning the pending entries.
+    claim_cursor: String,
     /// A fan-out subscription's group is its own: destroyed when it drops.
     own_group: bool,
 }
@@ -84,6 +87,7 @@ impl RedisSubscription {
             buffer: VecDeque::new(),
             jobs: None,
             last_claim: Instant::now(),
+            claim_cursor: START.to_owned(),
             own_group,
             shared: Arc::new(Shared {
                 broker,
@@ -97,9 +101,14 @@ impl RedisSubscription {
 
     /// Claims entries pending longer than `claim_idle` (nacked, or held by a
     /// consumer that went away), with their delivery counts as attempts.
+    /// A full page means more may be waiting — a crashed consumer's
+    /// backlog: the next call claims again at once, from where this one
+    /// stopped, so a takeover runs at read speed. Pages are as large as
+    /// reads, one record plus one per extra permit (JQ-7).
     async fn claim(&mut self) -> redis::RedisResult<()> {
         let settings = &self.shared.broker.inner.settings;
         let idle = settings.claim_idle.as_millis() as u64;
+        let (count, permits) = self.read_size();
         // Acks still buffered go first: an acked entry is never claimed.
         let mut pipe = redis::pipe();
         self.shared.broker.take_acks(&mut pipe);
@@ -108,19 +117,27 @@ impl RedisSubscription {
             .arg(&self.shared.group)
             .arg(&self.consumer)
             .arg(idle)
-            .arg("0-0")
+            .arg(&self.claim_cursor)
             .arg("COUNT")
-            .arg(settings.read_count);
-        let (claimed,): (StreamAutoClaimReply,) = pipe.query_async(&mut self.reader).await?;
-        if claimed.claimed.is_empty() {
-            return Ok(());
+            .arg(count);
+        let (reply,): (Value,) = pipe.query_async(&mut self.reader).await?;
+        let (cursor, claimed) = entry::claim_reply(reply);
+        if claimed.len() >= count && cursor != START {
+            self.last_claim = Instant::now()
+                .checked_sub(claim_every(settings.claim_idle))
+                .unwrap_or(self.last_claim);
         }
+        self.claim_cursor = cursor;
+        let (Some(first), Some(last)) = (claimed.first(), claimed.last()) else {
+            return Ok(());
+        };
+        // The delivery counts of exactly the entries claimed (in id order).
         let pending: StreamPendingCountReply = redis::cmd("XPENDING")
             .arg(&self.shared.stream)
             .arg(&self.shared.group)
-            .arg("-")
-            .arg("+")
-            .arg(settings.read_count * 4)
+            .arg(&first.id)
+            .arg(&last.id)
+            .arg(claimed.len())
             .arg(&self.consumer)
             .query_async(&mut self.reader)
             .await?;
@@ -129,14 +146,14 @@ impl RedisSubscription {
             .iter()
             .map(|p| (p.id.as_str(), p.times_delivered))
             .collect();
-        for entry in claimed.claimed {
-            let attempt = counts.get(entry.id.as_str()).copied().unwrap_or(2);
-            let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
-            // Claims are bounded by read_count like reads; they are rare
-            // (nacks, crashed consumers), so they carry no extra permits.
-            self.buffer.push_back((entry, attempt, None));
-        }
-        Ok(())
+        let claimed: Vec<(Entry, u32)> = claimed
+            .into_iter()
+            .map(|entry| {
+                let attempt = counts.get(entry.id.as_str()).copied().unwrap_or(2);
+                (entry, u32::try_from(attempt).unwrap_or(u32::MAX))
+            })
+            .collect();
+        self.take(claimed, permits).await
     }
 
     /// Permits for a read beyond the first record: as many as are free now,
@@ -151,21 +168,27 @@ impl RedisSubscription {
             .collect()
     }
 
+    /// How many records one read or claim asks for, with the extra permits
+    /// that cover them: `read_count` without a job queue, else one (the
+    /// runtime's permit) plus one per permit free now.
+    fn read_size(&self) -> (usize, Vec<JobPermit>) {
+        if self.jobs.is_none() {
+            return (self.shared.broker.inner.settings.read_count, Vec::new());
+        }
+        let permits = self.extra_permits();
+        (permits.len() + 1, permits)
+    }
+
     /// Reads new entries. With the app's job queue, a read asks for one
     /// record (the runtime's permit) plus one per extra permit it could take
     /// now, and only a read that asks for one record blocks: extra permits
     /// are never held while waiting for data, so other subscriptions are
     /// not starved of them.
     async fn read(&mut self) -> redis::RedisResult<()> {
-        let settings = &self.shared.broker.inner.settings;
-        let permits = self.extra_permits();
-        if self.jobs.is_none() {
-            return self.read_count(settings.read_count, true, Vec::new()).await;
+        let (count, permits) = self.read_size();
+        if self.jobs.is_none() || permits.is_empty() {
+            return self.read_count(count, true, permits).await;
         }
-        if permits.is_empty() {
-            return self.read_count(1, true, permits).await;
-        }
-        let count = permits.len() + 1;
         self.read_count(count, false, permits).await?;
         if self.buffer.is_empty() {
             // Nothing waiting: block for one, holding no extra permit.
@@ -178,7 +201,7 @@ impl RedisSubscription {
         &mut self,
         count: usize,
         block: bool,
-        mut permits: Vec<JobPermit>,
+        permits: Vec<JobPermit>,
     ) -> redis::RedisResult<()> {
         let settings = &self.shared.broker.inner.settings;
         // Buffered acks ride along in the same round trip.
@@ -195,20 +218,92 @@ impl RedisSubscription {
             read.arg("BLOCK").arg(settings.block.as_millis() as u64);
         }
         read.arg("STREAMS").arg(&self.shared.stream).arg(">");
-        let (reply,): (Option<StreamReadReply>,) = pipe.query_async(&mut self.reader).await?;
-        for (i, entry) in reply
+        let (reply,): (Value,) = pipe.query_async(&mut self.reader).await?;
+        let read = entry::read_reply(reply)
             .into_iter()
-            .flat_map(|r| r.keys)
-            .flat_map(|key| key.ids)
-            .enumerate()
-        {
-            let permit = if i == 0 { None } else { permits.pop() };
-            self.buffer.push_back((entry, 1, permit));
-        }
-        // Permits for records that did not come go back now.
-        drop(permits);
-        Ok(())
+            .map(|e| (e, 1))
+            .collect();
+        self.take(read, permits).await
     }
+
+    /// Buffers what a read or claim brought, each record with a permit
+    /// (the first without: the runtime's permit covers it); permits for
+    /// records that did not come go back. A malformed entry is never
+    /// buffered: it is dead-lettered here, and its neighbours are not
+    /// held up by it.
+    async fn take(
+        &mut self,
+        entries: Vec<(Entry, u32)>,
+        mut permits: Vec<JobPermit>,
+    ) -> redis::RedisResult<()> {
+        let mut malformed = Vec::new();
+        let mut first = true;
+        for (entry, attempt) in entries {
+            if let Some(reason) = entry.malformed() {
+                malformed.push((entry, attempt, reason));
+                continue;
+            }
+            let permit = if first { None } else { permits.pop() };
+            first = false;
+            self.buffer.push_back((entry, attempt, permit));
+        }
+        drop(permits);
+        if malformed.is_empty() {
+            return Ok(());
+        }
+        self.dead_letter_malformed(malformed).await
+    }
+
+    /// JQ-13 for entries no handler can be given: each is copied as it is,
+    /// with the reason, its id, the original subject and the attempt, to the
+    /// dead-letter stream (or dropped with a warning without one), and
+    /// acked — all in one `MULTI`. If that fails the entries stay pending
+    /// and come back through a claim.
+    async fn dead_letter_malformed(
+        &mut self,
+        malformed: Vec<(Entry, u32, String)>,
+    ) -> redis::RedisResult<()> {
+        let shared = &self.shared;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let mut ids = Vec::with_capacity(malformed.len());
+        for (entry, attempt, reason) in malformed {
+            crate::metrics::malformed(&shared.subject);
+            crate::metrics::rejected(&shared.subject);
+            tracing::warn!(stream = %shared.stream, id = %entry.id, reason, "malformed Redis entry refused before the handler");
+            if let Some(dead_letter) = &shared.dead_letter {
+                let mut copy = shared.broker.xadd_to(dead_letter);
+                for (name, value) in &entry.fields {
+                    copy.arg(name.as_slice()).arg(value.as_slice());
+                }
+                let header = |name: &str| format!("{}{name}", field::HEADER);
+                copy.arg(header(header::ERROR))
+                    .arg(&reason)
+                    .arg(header(header::ORIGINAL_SUBJECT))
+                    .arg(shared.subject.as_str())
+                    .arg(header(header::ATTEMPT))
+                    .arg(attempt)
+                    .arg(header(header::ORIGINAL_ID))
+                    .arg(&entry.id);
+                pipe.add_command(copy).ignore();
+            }
+            ids.push(entry.id);
+        }
+        pipe.cmd("XACK")
+            .arg(&shared.stream)
+            .arg(&shared.group)
+            .arg(ids)
+            .ignore();
+        pipe.query_async::<()>(&mut self.reader).await
+    }
+}
+
+/// The start of the pending entries list, for `XAUTOCLAIM`.
+const START: &str = "0-0";
+
+/// How often a subscription looks for entries to claim.
+fn claim_every(claim_idle: Duration) -> Duration {
+    (claim_idle / 2).max(Duration::from_millis(20))
 }
 
 impl Subscription for RedisSubscription {
@@ -238,8 +333,7 @@ impl Subscription for RedisSubscription {
             if let Some(flow) = &self.flow {
                 flow.running().await;
             }
-            let claim_every =
-                (self.shared.broker.inner.settings.claim_idle / 2).max(Duration::from_millis(20));
+            let claim_every = claim_every(self.shared.broker.inner.settings.claim_idle);
             let result = if self.last_claim.elapsed() >= claim_every {
                 self.last_claim = Instant::now();
                 self.claim().await
@@ -283,42 +377,9 @@ pub struct RedisDelivery {
     shared: Arc<Shared>,
 }
 
-fn text(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
 impl RedisDelivery {
-    fn new(entry: StreamId, attempt: u32, shared: &Arc<Shared>) -> Self {
-        let StreamId { id, map, .. } = entry;
-        let mut payload = bytes::Bytes::new();
-        let mut message_fields = Vec::new();
-        for (name, value) in map {
-            if name == field::PAYLOAD {
-                if let Value::BulkString(bytes) = value {
-                    payload = bytes::Bytes::from(bytes);
-                }
-            } else {
-                message_fields.push((name, value));
-            }
-        }
-        let mut message = Message::new(payload);
-        for (name, value) in message_fields {
-            let Some(value) = text(&value) else { continue };
-            match name.as_str() {
-                field::KEY => message = message.with_key(value),
-                field::CORRELATION_ID => message = message.with_correlation_id(value),
-                field::REPLY_TO => message = message.with_reply_to(value),
-                other => {
-                    if let Some(header) = other.strip_prefix(field::HEADER) {
-                        message = message.with_header(header, value);
-                    }
-                }
-            }
-        }
+    fn new(entry: Entry, attempt: u32, shared: &Arc<Shared>) -> Self {
+        let (id, message) = entry.into_message(&shared.stream);
         RedisDelivery {
             env: Envelope::new(shared.subject.clone(), message).with_attempt(attempt),
             id,
