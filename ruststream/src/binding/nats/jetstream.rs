@@ -358,8 +358,16 @@ async fn pull_failed(err: &(dyn std::fmt::Display + Sync), backoff: &mut Duratio
     *backoff = (*backoff * 2).min(Duration::from_secs(1));
 }
 
+/// How soon a delivery dropped unsettled comes back. Not at once: an
+/// immediate nak can be handed straight back to the pull of the
+/// subscription that is going away, and nats-server (seen with 2.9.10) then
+/// takes that delivery back and forgets the earlier one, so the next
+/// consumer would see attempt 1 for a message delivered twice. A nak with
+/// a delay goes through the server's redelivery timer and keeps the count.
+const UNSETTLED_REDELIVERY: Duration = Duration::from_millis(50);
+
 /// A delivery from a JetStream pull consumer. Dropped unsettled, it is
-/// nak'ed so the server redelivers it at once, not only after `ack_wait`.
+/// nak'ed so the server redelivers it soon, not only after `ack_wait`.
 pub struct JetStreamDelivery {
     env: Envelope,
     acker: Option<jetstream::message::Acker>,
@@ -465,11 +473,12 @@ impl Drop for JetStreamDelivery {
             return;
         };
         // Unsettled (a handler aborted by the shutdown timeout, a dropped
-        // consumer): ask for redelivery now. Without a runtime the server
+        // consumer): ask for redelivery soon. Without a runtime the server
         // redelivers after `ack_wait` anyway.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(err) = acker.ack_with(AckKind::Nak(None)).await {
+                let nak = AckKind::Nak(Some(UNSETTLED_REDELIVERY));
+                if let Err(err) = acker.ack_with(nak).await {
                     tracing::debug!(error = %err, "nak of an unsettled JetStream delivery failed");
                 }
             });
