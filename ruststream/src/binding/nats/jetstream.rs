@@ -8,8 +8,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer, stream};
 use futures_util::StreamExt;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::durable;
+use super::given_up::{self, GivenUp};
 use super::{NatsBroker, convert};
 use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Broker, Delivery, Requester, RetryAfter, SubscribeOptions, Subscription};
@@ -37,6 +40,7 @@ pub struct StreamSpec {
     max_deliver: i64,
     pull_window: usize,
     pull_expires: Duration,
+    inactive_threshold: Duration,
 }
 
 impl StreamSpec {
@@ -53,6 +57,7 @@ impl StreamSpec {
             max_deliver: -1,
             pull_window: 64,
             pull_expires: Duration::from_secs(5),
+            inactive_threshold: Duration::ZERO,
         }
     }
 
@@ -74,8 +79,14 @@ impl StreamSpec {
         self
     }
 
-    /// Deliveries per message before the server gives up on it (default:
-    /// unlimited; the subscriber's `max_attempts` rejects sooner).
+    /// Deliveries per message before the server gives up on it. By default
+    /// a subscriber's consumer gets its `max_attempts` + 1: the runtime
+    /// dead-letters a message at that last delivery before the handler
+    /// runs ("attempts exhausted"), so a handler that takes the process
+    /// down every time ends in the dead letter. A message the server gives
+    /// up on (the last delivery got lost too, or the client cannot read the
+    /// message) is dead-lettered from the server's advisory, by its stream
+    /// sequence. Set here, it applies to every consumer of the stream.
     pub fn max_deliver(mut self, deliveries: i64) -> Self {
         self.max_deliver = deliveries;
         self
@@ -91,6 +102,18 @@ impl StreamSpec {
     /// How long one pull stays open waiting for messages (default 5 s).
     pub fn pull_expires(mut self, expires: Duration) -> Self {
         self.pull_expires = expires;
+        self
+    }
+
+    /// Delete a queue group's durable consumer after it has had no member
+    /// pulling for this long (default: never — the durable is the group's
+    /// place in the stream and survives any downtime). Should it be
+    /// deleted, the next member recreates it from the ack floor members
+    /// checkpoint (at least twice per threshold), not from the start of
+    /// the stream. Fan-out subscriptions' own consumers always go five
+    /// minutes after their subscription.
+    pub fn inactive_threshold(mut self, threshold: Duration) -> Self {
+        self.inactive_threshold = threshold;
         self
     }
 }
@@ -234,12 +257,12 @@ fn consumer_name(group: &str) -> String {
 /// A JetStream pull subscription.
 pub struct JetStreamSubscription {
     subjects: convert::SubjectCache,
-    consumer: consumer::PullConsumer,
+    puller: Puller,
     batch: Option<consumer::pull::Batch>,
-    window: usize,
-    expires: Duration,
     flow: Option<Arc<PullFlow>>,
     shared: Arc<Shared>,
+    /// Dead-letters what the server gives up on, while this lives.
+    _given_up: GivenUp,
 }
 
 struct Shared {
@@ -266,29 +289,120 @@ impl JetStreamSubscription {
             filter_subject: options.subject.as_str().to_owned(),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: spec.ack_wait,
-            max_deliver: spec.max_deliver,
-            inactive_threshold: Duration::from_secs(300),
+            max_deliver: match (spec.max_deliver, options.max_deliveries) {
+                // One delivery more than the attempts: the runtime
+                // dead-letters a message at it (attempts exhausted).
+                (..=0, Some(attempts)) => i64::from(attempts) + 1,
+                (deliveries, _) => deliveries,
+            },
+            inactive_threshold: match options.queue_group {
+                Some(_) => spec.inactive_threshold,
+                None => FAN_OUT_INACTIVE,
+            },
             ..Default::default()
         };
-        let consumer = match &config.durable_name {
-            Some(name) => stream.get_or_create_consumer(name, config.clone()).await,
-            None => stream.create_consumer(config).await,
-        }
-        .map_err(|err| {
-            Error::Transport(format!("JetStream consumer on `{}`: {err}", options.subject).into())
-        })?;
+        let (consumer, checkpoints) = match config.durable_name {
+            Some(_) => {
+                let (consumer, checkpoints) = durable::open(&js.context, &stream, config).await?;
+                (consumer, Some(checkpoints))
+            }
+            None => {
+                let consumer = stream.create_consumer(config).await.map_err(|err| {
+                    Error::Transport(
+                        format!("JetStream consumer on `{}`: {err}", options.subject).into(),
+                    )
+                })?;
+                (consumer, None)
+            }
+        };
+        let given_up = given_up::watch(
+            &js.nats,
+            &js.context,
+            &spec.name,
+            &consumer.cached_info().name,
+            options.dead_letter.clone(),
+        )
+        .await?;
         Ok(JetStreamSubscription {
             subjects: convert::SubjectCache::default(),
-            consumer,
+            puller: Puller {
+                consumer,
+                window: spec.pull_window,
+                expires: spec.pull_expires,
+                reconnects: js.nats.reconnects.watch(),
+                careful_for: spec.ack_wait + spec.pull_expires,
+                careful_until: None,
+                checkpoints,
+            },
             batch: None,
-            window: spec.pull_window,
-            expires: spec.pull_expires,
             flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
             shared: Arc::new(Shared {
                 nats: js.nats.clone(),
                 dead_letter: options.dead_letter,
             }),
+            _given_up: given_up,
         })
+    }
+}
+
+/// How long a fan-out subscription's ephemeral consumer outlives it.
+const FAN_OUT_INACTIVE: Duration = Duration::from_secs(300);
+
+/// How a subscription pulls: at most `window` messages per pull, each pull
+/// open for `expires`, and a new pull at once where the connection came
+/// back under an open one.
+struct Puller {
+    consumer: consumer::PullConsumer,
+    window: usize,
+    expires: Duration,
+    reconnects: watch::Receiver<u64>,
+    /// Until then, pulls ask for one message. Set when the connection was
+    /// lost under an open pull — which is what a message the client cannot
+    /// read does: async-nats drops the connection on it, and with it every
+    /// message after it in the same pull. One at a time, such a message
+    /// takes down only its own pull while the messages after it flow, until
+    /// the server gives up on it (see `given_up`).
+    careful_until: Option<Instant>,
+    /// `ack_wait` + `expires`: a poison message comes back every `ack_wait`.
+    careful_for: Duration,
+    checkpoints: Option<durable::Checkpoints>,
+}
+
+impl Puller {
+    /// Makes a pull.
+    async fn pull(
+        &mut self,
+    ) -> std::result::Result<consumer::pull::Batch, consumer::pull::BatchError> {
+        if let Some(checkpoints) = &mut self.checkpoints {
+            checkpoints.due(&self.consumer);
+        }
+        self.reconnects.borrow_and_update();
+        let careful = self
+            .careful_until
+            .is_some_and(|until| Instant::now() < until);
+        self.consumer
+            .batch()
+            .max_messages(if careful { 1 } else { self.window })
+            .expires(self.expires)
+            .messages()
+            .await
+    }
+
+    /// The next message of the open pull; `None` once it is over: complete,
+    /// expired, or lost with a connection that has come back since.
+    async fn next(
+        &mut self,
+        batch: &mut consumer::pull::Batch,
+    ) -> Option<std::result::Result<jetstream::Message, async_nats::Error>> {
+        tokio::select! {
+            biased;
+            message = batch.next() => message,
+            Ok(()) = self.reconnects.changed() => {
+                self.careful_until = Some(Instant::now() + self.careful_for);
+                tracing::info!("NATS connection came back under an open JetStream pull: pulling again, one message at a time for a while");
+                None
+            }
+        }
     }
 }
 
@@ -307,13 +421,7 @@ impl Subscription for JetStreamSubscription {
             let batch = match &mut self.batch {
                 Some(batch) => batch,
                 None => {
-                    let pull = self
-                        .consumer
-                        .batch()
-                        .max_messages(self.window)
-                        .expires(self.expires)
-                        .messages()
-                        .await;
+                    let pull = self.puller.pull().await;
                     match pull {
                         Ok(batch) => self.batch.insert(batch),
                         Err(err) => {
@@ -323,7 +431,7 @@ impl Subscription for JetStreamSubscription {
                     }
                 }
             };
-            match batch.next().await {
+            match self.puller.next(batch).await {
                 Some(Ok(message)) => {
                     return Some(JetStreamDelivery::new(
                         message,
