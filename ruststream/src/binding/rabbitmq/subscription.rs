@@ -361,7 +361,12 @@ pub(super) fn envelope(delivery: lapin::message::Delivery, own_queue: Option<&st
                 attempt = attempt.max(count(value).saturating_add(1));
                 continue;
             }
-            let Some(value) = text(value) else { continue };
+            let Some(value) = text(value) else {
+                if matches!(value, AMQPValue::LongString(_)) {
+                    crate::metrics::unreadable_header("rabbitmq", &subject, name.as_str());
+                }
+                continue;
+            };
             match name.as_str() {
                 // The broker's dead-lettering bookkeeping, not the sender's.
                 name if name.starts_with("x-first-death-") || name.starts_with("x-last-death-") => {

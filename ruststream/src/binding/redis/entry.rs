@@ -31,23 +31,10 @@ pub(crate) fn read_reply(reply: Value) -> Vec<Entry> {
     streams.into_iter().flat_map(entries).collect()
 }
 
-/// The cursor and the entries of an `XAUTOCLAIM` reply.
-pub(crate) fn claim_reply(reply: Value) -> (String, Vec<Entry>) {
-    let Value::Array(parts) = reply else {
-        return ("0-0".to_owned(), Vec::new());
-    };
-    let mut parts = parts.into_iter();
-    let cursor = parts
-        .next()
-        .and_then(string)
-        .unwrap_or_else(|| "0-0".to_owned());
-    let claimed = parts.next().map(entries).unwrap_or_default();
-    (cursor, claimed)
-}
-
+/// The entries of an `XCLAIM` reply, or of one stream in a read:
 /// `[[id, [field, value, …]], …]`. An entry deleted while it was pending
 /// comes without fields (`nil`): there is nothing left to deliver.
-fn entries(list: Value) -> Vec<Entry> {
+pub(crate) fn entries(list: Value) -> Vec<Entry> {
     let Value::Array(list) = list else {
         return Vec::new();
     };

@@ -10,7 +10,7 @@
 //!   demand, starting at new entries.
 //! * `ack` is `XACK`. `nack` leaves the entry pending: after
 //!   [`claim_idle`](RedisBrokerBuilder::claim_idle) a live member claims it
-//!   (`XAUTOCLAIM`) with the delivery count from the pending entries list as
+//!   (`XPENDING … IDLE`, `XCLAIM`) with the delivery count from the pending entries list as
 //!   its attempt — the same path that rescues the pending entries of a
 //!   crashed consumer. `reject` is `XACK` plus a copy, with the reason, on
 //!   the dead-letter stream, in one `MULTI`.

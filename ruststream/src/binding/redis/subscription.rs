@@ -33,7 +33,7 @@ pub struct RedisSubscription {
     buffer: VecDeque<(Entry, u32, Option<JobPermit>)>,
     jobs: Option<Arc<JobQueue>>,
     last_claim: Instant,
-    /// Where the next `XAUTOCLAIM` goes on scanning the pending entries.
+    /// Where the next claim goes on scanning the pending entries.
     claim_cursor: String,
     /// A fan-out subscription's group is its own: destroyed when it drops.
     own_group: bool,
@@ -101,10 +101,14 @@ impl RedisSubscription {
 
     /// Claims entries pending longer than `claim_idle` (nacked, or held by a
     /// consumer that went away), with their delivery counts as attempts.
-    /// A full page means more may be waiting — a crashed consumer's
-    /// backlog: the next call claims again at once, from where this one
-    /// stopped, so a takeover runs at read speed. Pages are as large as
-    /// reads, one record plus one per extra permit (JQ-7).
+    ///
+    /// Pages are as large as reads: one record plus one per extra permit
+    /// (JQ-7). A full page means more may be waiting — a crashed consumer's
+    /// backlog — so the next call claims on at once from where this one
+    /// stopped, and a takeover runs at read speed. An entry delivered
+    /// twice already without being settled is claimed alone: if it takes
+    /// the process down again, nothing else goes down with it (and counts
+    /// a delivery for it).
     async fn claim(&mut self) -> redis::RedisResult<()> {
         let settings = &self.shared.broker.inner.settings;
         let idle = settings.claim_idle.as_millis() as u64;
@@ -112,44 +116,52 @@ impl RedisSubscription {
         // Acks still buffered go first: an acked entry is never claimed.
         let mut pipe = redis::pipe();
         self.shared.broker.take_acks(&mut pipe);
-        pipe.cmd("XAUTOCLAIM")
+        pipe.cmd("XPENDING")
             .arg(&self.shared.stream)
             .arg(&self.shared.group)
-            .arg(&self.consumer)
+            .arg("IDLE")
             .arg(idle)
             .arg(&self.claim_cursor)
-            .arg("COUNT")
+            .arg("+")
             .arg(count);
-        let (reply,): (Value,) = pipe.query_async(&mut self.reader).await?;
-        let (cursor, claimed) = entry::claim_reply(reply);
-        if claimed.len() >= count && cursor != START {
+        let (pending,): (StreamPendingCountReply,) = pipe.query_async(&mut self.reader).await?;
+        let take: &[_] = match pending.ids.split_first() {
+            None => &[],
+            Some((first, _)) if first.times_delivered >= 2 => std::slice::from_ref(first),
+            Some(_) => {
+                let fresh = pending.ids.iter().take_while(|p| p.times_delivered < 2);
+                &pending.ids[..fresh.count()]
+            }
+        };
+        let more = take.len() < pending.ids.len() || pending.ids.len() >= count;
+        self.claim_cursor = match take.last() {
+            Some(last) if more => format!("({}", last.id),
+            _ => START.to_owned(),
+        };
+        if more {
             self.last_claim = Instant::now()
                 .checked_sub(claim_every(settings.claim_idle))
                 .unwrap_or(self.last_claim);
         }
-        self.claim_cursor = cursor;
-        let (Some(first), Some(last)) = (claimed.first(), claimed.last()) else {
+        if take.is_empty() {
             return Ok(());
-        };
-        // The delivery counts of exactly the entries claimed (in id order).
-        let pending: StreamPendingCountReply = redis::cmd("XPENDING")
+        }
+        let attempts: HashMap<&str, usize> = take
+            .iter()
+            .map(|p| (p.id.as_str(), p.times_delivered + 1))
+            .collect();
+        let claimed: Value = redis::cmd("XCLAIM")
             .arg(&self.shared.stream)
             .arg(&self.shared.group)
-            .arg(&first.id)
-            .arg(&last.id)
-            .arg(claimed.len())
             .arg(&self.consumer)
+            .arg(idle)
+            .arg(take.iter().map(|p| p.id.as_str()).collect::<Vec<_>>())
             .query_async(&mut self.reader)
             .await?;
-        let counts: HashMap<&str, usize> = pending
-            .ids
-            .iter()
-            .map(|p| (p.id.as_str(), p.times_delivered))
-            .collect();
-        let claimed: Vec<(Entry, u32)> = claimed
+        let claimed = entry::entries(claimed)
             .into_iter()
             .map(|entry| {
-                let attempt = counts.get(entry.id.as_str()).copied().unwrap_or(2);
+                let attempt = attempts.get(entry.id.as_str()).copied().unwrap_or(2);
                 (entry, u32::try_from(attempt).unwrap_or(u32::MAX))
             })
             .collect();
@@ -298,8 +310,8 @@ impl RedisSubscription {
     }
 }
 
-/// The start of the pending entries list, for `XAUTOCLAIM`.
-const START: &str = "0-0";
+/// The start of the pending entries list.
+const START: &str = "-";
 
 /// How often a subscription looks for entries to claim.
 fn claim_every(claim_idle: Duration) -> Duration {
