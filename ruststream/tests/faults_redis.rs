@@ -440,6 +440,10 @@ async fn a_crash_loop_ends_in_the_dead_letter_after_max_attempts() {
     };
     assert_eq!(crashes, 3, "three runs, then the dead letter");
     assert!(dead.contains("attempts exhausted"), "{dead}");
+    assert!(
+        dead.contains("crash-1"),
+        "the crash job is the dead letter: {dead}"
+    );
     while handled.len() < 2 {
         let line = app.expect("handled ", 20).await;
         handled.insert(line["handled ".len()..].to_owned());

@@ -195,6 +195,8 @@ impl AppSpec {
 pub struct AppProcess {
     child: tokio::process::Child,
     lines: UnboundedReceiver<String>,
+    /// Lines printed but passed over by `expect`.
+    passed: Vec<String>,
 }
 
 impl AppProcess {
@@ -222,19 +224,27 @@ impl AppProcess {
                 }
             }
         });
-        let mut app = AppProcess { child, lines };
+        let mut app = AppProcess {
+            child,
+            lines,
+            passed: Vec::new(),
+        };
         app.expect("ready", 20).await;
         app
     }
 
-    /// The next line the app prints that starts with `prefix`.
+    /// The first line not taken yet that starts with `prefix`, waiting for
+    /// the app to print it. Lines passed over stay for later calls.
     pub async fn expect(&mut self, prefix: &str, secs: u64) -> String {
+        if let Some(at) = self.passed.iter().position(|l| l.starts_with(prefix)) {
+            return self.passed.remove(at);
+        }
         let what = format!("the app process to print `{prefix}…`");
         within(secs, &what, async {
             loop {
                 match self.lines.recv().await {
                     Some(line) if line.starts_with(prefix) => return line,
-                    Some(_) => {}
+                    Some(line) => self.passed.push(line),
                     None => panic!("the app process ended before printing `{prefix}…`"),
                 }
             }

@@ -133,8 +133,9 @@ impl Watch {
                  and never settled"
             ),
             n => format!(
-                "malformed headers: {n} header(s) not valid UTF-8, which the NATS client cannot \
-                 receive (it drops the connection); delivered {deliveries} times, never handled"
+                "malformed headers: {n} header(s) the NATS client cannot read (not UTF-8, or a \
+                 name of other than visible ASCII: it drops the connection on them); delivered \
+                 {deliveries} times, never handled"
             ),
         };
         let subject = Text::from(raw.subject.as_str());
