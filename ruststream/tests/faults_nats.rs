@@ -12,17 +12,17 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::time::Duration;
 
-use common::faults::{self, AppProcess, AppSpec, job};
+use common::faults::{self, AppSpec, job};
 use common::server::OwnServer;
 use common::{install_metrics, within};
 use futures_util::StreamExt;
 use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
 use ruststream::{Broker, Envelope, Message, SubscriberConfig, header};
-use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 const ACK_WAIT: Duration = Duration::from_secs(1);
 
@@ -69,93 +69,40 @@ fn app_process() {
 /// for its lost pull to expire).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jetstream_server_killed_and_restarted_mid_stream_loses_no_job() {
-    const N: usize = 200;
     let mut server = own_nats().await;
     // Pulls that stay open 5 s: the resume must not wait for them.
     let js = jetstream(&url(&server), spec().pull_expires(Duration::from_secs(5))).await;
-    let (seen_tx, mut seen) = unbounded_channel();
-    let running = faults::start_app(
-        js.clone(),
-        SubscriberConfig::new("jobs.restart").queue_group("workers"),
-        seen_tx,
-    )
-    .await;
-    let publisher = tokio::spawn({
-        let js = js.clone();
-        async move {
-            for i in 0..N {
-                // Not acknowledged: sent again (it may be stored twice).
-                while js
-                    .publish_message("jobs.restart", Message::new(job(&i.to_string())), None)
-                    .await
-                    .is_err()
-                {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-    });
-    let mut runs: BTreeMap<String, usize> = BTreeMap::new();
-    while runs.len() < N / 4 {
-        let (id, _) = within(10, "jobs before the kill", seen.recv())
-            .await
-            .unwrap();
-        *runs.entry(id).or_default() += 1;
-    }
-    server.restart().await;
-    let restarted = std::time::Instant::now();
-    let (id, _) = within(30, "the first job after the restart", seen.recv())
-        .await
-        .unwrap();
-    let resumed = restarted.elapsed();
-    *runs.entry(id).or_default() += 1;
-    within(60, "every publish", publisher).await.unwrap();
-    while runs.len() < N {
-        let (id, _) = within(30, "every job after the restart", seen.recv())
-            .await
-            .unwrap();
-        *runs.entry(id).or_default() += 1;
-    }
-    let duplicates: usize = runs.values().map(|n| n - 1).sum();
+    let run = faults::restart_mid_stream(js, "jobs.restart", 200, server.restart()).await;
     eprintln!(
-        "jetstream kill -9 mid-stream: {N} jobs handled, {duplicates} handled twice or more; \
-         consumption resumed {resumed:?} after the server was back (pull_expires 5 s)"
+        "jetstream kill -9 mid-stream: 200 jobs handled, {} handled twice or more; consumption \
+         resumed {:?} after the server was back (pull_expires 5 s), all handled after {:?}",
+        run.duplicates, run.resumed, run.recovered
     );
     assert!(
-        resumed < Duration::from_secs(4),
-        "resumed only after {resumed:?}: the lost pull was waited out"
+        run.resumed < Duration::from_secs(4),
+        "resumed only after {:?}: the lost pull was waited out",
+        run.resumed
     );
-    running.shutdown().await.unwrap();
 }
 
 /// The app process is killed with a job in its handler and more pulled;
 /// the next instance gets them all after `ack_wait`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_killed_with_jobs_in_flight_leaves_them_to_the_next_instance() {
-    const N: usize = 20;
     let server = own_nats().await;
     let url = url(&server);
     let js = jetstream(&url, spec()).await;
-    let mut spec = AppSpec::new(&url, "jobs.inflight", "workers");
-    spec.hold = true;
-    let mut first = AppProcess::start(&spec).await;
-    for i in 0..N {
-        js.publish_message("jobs.inflight", Message::new(job(&i.to_string())), None)
-            .await
-            .unwrap();
-    }
-    first.expect("handling 0 1", 10).await;
-    first.kill().await;
-
-    spec.hold = false;
-    let mut second = AppProcess::start(&spec).await;
-    let mut handled = BTreeSet::new();
-    while handled.len() < N {
-        let line = second.expect("handled ", 30).await;
-        handled.insert(line["handled ".len()..].to_owned());
-    }
-    second.kill().await;
+    let spec = AppSpec::new(&url, "jobs.inflight", "workers");
+    faults::killed_in_flight(spec, 20, false, |i| {
+        let js = js.clone();
+        async move {
+            let message = Message::new(job(&i.to_string()));
+            js.publish_message("jobs.inflight", message, None)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
 }
 
 /// The durable consumer of a queue group outlives a downtime of every
@@ -432,64 +379,38 @@ async fn a_crash_loop_ends_in_the_dead_letter_after_max_attempts() {
     let server = own_nats().await;
     let url = url(&server);
     let js = jetstream(&url, spec()).await;
-    let client = async_nats::connect(&url).await.unwrap();
-    let mut dead = client.subscribe("dead.crashes").await.unwrap();
-    client.flush().await.unwrap();
     let mut spec = AppSpec::new(&url, "jobs.crashes", "workers");
     spec.dead_letter = Some("dead.crashes".to_owned());
-    spec.max_attempts = 3;
-    let mut app = AppProcess::start(&spec).await;
-    for id in ["good-a", "crash-1", "good-b"] {
-        js.publish_message("jobs.crashes", Message::new(job(id)), None)
-            .await
-            .unwrap();
-    }
-    let mut crashes = 0;
-    let mut handled = BTreeSet::new();
-    let letter = loop {
-        let line = tokio::select! {
-            line = app.expect("handl", 20) => line,
-            letter = dead.next() => break letter.unwrap(),
-        };
-        match line.strip_prefix("handled ") {
-            Some(id) => {
-                handled.insert(id.to_owned());
-            }
-            None if line.starts_with("handling crash-1") => {
-                crashes += 1;
-                assert!(
-                    app.aborted(10).await,
-                    "{line}: the handler aborted the process"
-                );
-                assert!(crashes <= 3, "the crash loop went on past max_attempts");
-                app = AppProcess::start(&spec).await;
-            }
-            None => {}
+    let mut dead = dead_letters(&url, "dead.crashes").await;
+    let publish = || async {
+        for id in ["good-a", "crash-1", "good-b"] {
+            let message = Message::new(job(id));
+            js.publish_message("jobs.crashes", message, None)
+                .await
+                .unwrap();
         }
     };
-    let reason = letter
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(header::ERROR))
-        .map(|v| v.as_str().to_owned())
-        .unwrap_or_default();
-    assert_eq!(
-        letter.payload,
-        job("crash-1"),
-        "the crash job is the dead letter"
-    );
-    assert_eq!(crashes, 3, "three runs, then the dead letter");
+    let reason = faults::crash_loop(&spec, publish, &mut dead).await;
     assert!(reason.contains("attempts exhausted"), "{reason}");
-    while handled.len() < 2 {
-        let line = app.expect("handled ", 20).await;
-        handled.insert(line["handled ".len()..].to_owned());
-    }
-    assert_eq!(
-        handled,
-        BTreeSet::from(["good-a".to_owned(), "good-b".to_owned()])
-    );
-    eprintln!("crash loop: {crashes} crashed instances, then the dead letter");
-    app.kill().await;
+}
+
+/// The payload and reason of every message on `subject`, from a raw client.
+async fn dead_letters(url: &str, subject: &str) -> UnboundedReceiver<(Vec<u8>, String)> {
+    let client = async_nats::connect(url).await.unwrap();
+    let mut dead = client.subscribe(subject.to_owned()).await.unwrap();
+    client.flush().await.unwrap();
+    let (letters, rx) = unbounded_channel();
+    tokio::spawn(async move {
+        let _client = client;
+        while let Some(letter) = dead.next().await {
+            let reason = letter.headers.as_ref().and_then(|h| h.get(header::ERROR));
+            let reason = reason.map(|v| v.as_str().to_owned()).unwrap_or_default();
+            if letters.send((letter.payload.to_vec(), reason)).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 /// A message dropped unsettled when the shutdown timeout aborts its

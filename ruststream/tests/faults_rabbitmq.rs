@@ -10,10 +10,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
-
-use common::faults::{self, AppProcess, AppSpec, job};
+use common::faults::{self, AppSpec, job};
 use common::server::OwnServer;
 use common::{counter, install_metrics, within};
 use lapin::options::BasicPublishOptions;
@@ -21,7 +18,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use ruststream::rabbitmq::RabbitBroker;
 use ruststream::{
-    Broker, Delivery, Message, SubscribeOptions, SubscriberConfig, Subscription, metrics,
+    Broker, Delivery, Message, SubscribeOptions, SubscriberConfig, Subscription, header, metrics,
 };
 use tokio::sync::mpsc::unbounded_channel;
 
@@ -57,85 +54,35 @@ fn app_process() {
 /// publish was confirmed is handled at least once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rabbitmq_node_killed_and_restarted_mid_stream_loses_no_job() {
-    const N: usize = 200;
     let mut server = OwnServer::rabbitmq().await;
     let rabbit = broker(&url(&server), false).await;
-    let (seen_tx, mut seen) = unbounded_channel();
-    let running = faults::start_app(
-        rabbit.clone(),
-        SubscriberConfig::new("jobs.restart").queue_group("workers"),
-        seen_tx,
-    )
-    .await;
-    let publisher = tokio::spawn({
-        let rabbit = rabbit.clone();
-        async move {
-            for i in 0..N {
-                // Not confirmed: sent again (it may be stored twice).
-                while rabbit
-                    .publish_message("jobs.restart", Message::new(job(&i.to_string())), None)
-                    .await
-                    .is_err()
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-    });
-    let mut runs: BTreeMap<String, usize> = BTreeMap::new();
-    while runs.len() < N / 4 {
-        let (id, _) = within(10, "jobs before the kill", seen.recv())
-            .await
-            .unwrap();
-        *runs.entry(id).or_default() += 1;
-    }
-    server.restart().await;
-    let restarted = std::time::Instant::now();
-    within(120, "every publish", publisher).await.unwrap();
-    while runs.len() < N {
-        let (id, _) = within(60, "every job after the restart", seen.recv())
-            .await
-            .unwrap();
-        *runs.entry(id).or_default() += 1;
-    }
-    let duplicates: usize = runs.values().map(|n| n - 1).sum();
+    let run = faults::restart_mid_stream(rabbit, "jobs.restart", 200, server.restart()).await;
     eprintln!(
-        "rabbitmq kill -9 mid-stream: {N} jobs handled, {duplicates} handled twice or more, \
-         all of them {:?} after the node was back",
-        restarted.elapsed()
+        "rabbitmq kill -9 mid-stream: 200 jobs handled, {} handled twice or more, all of them \
+         {:?} after the node was back",
+        run.duplicates, run.recovered
     );
-    running.shutdown().await.unwrap();
 }
 
 /// The app process is killed with a job in its handler and more
 /// prefetched; the broker requeues them and the next instance gets them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_killed_with_jobs_in_flight_leaves_them_to_the_next_instance() {
-    const N: usize = 20;
     let server = OwnServer::rabbitmq().await;
     let url = url(&server);
     let rabbit = broker(&url, false).await;
-    let mut spec = AppSpec::new(&url, "jobs.inflight", "workers");
-    spec.hold = true;
-    let mut first = AppProcess::start(&spec).await;
-    for i in 0..N {
-        rabbit
-            .publish_message("jobs.inflight", Message::new(job(&i.to_string())), None)
-            .await
-            .unwrap();
-    }
-    first.expect("handling 0 1", 10).await;
-    first.kill().await;
-
-    spec.hold = false;
-    let mut second = AppProcess::start(&spec).await;
-    let mut handled = BTreeSet::new();
-    while handled.len() < N {
-        let line = second.expect("handled ", 30).await;
-        handled.insert(line["handled ".len()..].to_owned());
-    }
-    second.kill().await;
+    let spec = AppSpec::new(&url, "jobs.inflight", "workers");
+    faults::killed_in_flight(spec, 20, false, |i| {
+        let rabbit = rabbit.clone();
+        async move {
+            let message = Message::new(job(&i.to_string()));
+            rabbit
+                .publish_message("jobs.inflight", message, None)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
 }
 
 /// Poison published with a raw client between good messages: no garbage
@@ -254,65 +201,36 @@ async fn a_crash_loop_on_a_quorum_queue_ends_in_the_dead_letter() {
     let server = OwnServer::rabbitmq().await;
     let url = url(&server);
     let rabbit = broker(&url, true).await;
-    let mut dead = rabbit
+    let mut dead_letters = rabbit
         .subscribe(SubscribeOptions::new("dead.crashes"))
         .await
         .unwrap();
     let mut spec = AppSpec::new(&url, "jobs.crashes", "workers");
     spec.dead_letter = Some("dead.crashes".to_owned());
-    spec.max_attempts = 3;
     spec.extra.insert("quorum".to_owned(), "1".to_owned());
     spec.extra.insert("prefetch".to_owned(), "1".to_owned());
-    let mut app = AppProcess::start(&spec).await;
-    for id in ["good-a", "crash-1", "good-b"] {
-        rabbit
-            .publish_message("jobs.crashes", Message::new(job(id)), None)
-            .await
-            .unwrap();
-    }
-    let mut crashes = 0;
-    let mut handled = BTreeSet::new();
-    let letter = loop {
-        let line = tokio::select! {
-            line = app.expect("handl", 30) => line,
-            letter = dead.next() => break letter.unwrap(),
-        };
-        match line.strip_prefix("handled ") {
-            Some(id) => {
-                handled.insert(id.to_owned());
-            }
-            None if line.starts_with("handling crash-1") => {
-                crashes += 1;
-                assert!(
-                    app.aborted(10).await,
-                    "{line}: the handler aborted the process"
-                );
-                assert!(crashes <= 3, "the crash loop went on past max_attempts");
-                app = AppProcess::start(&spec).await;
-            }
-            None => {}
+    let (letters, mut dead) = unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(letter) = dead_letters.next().await {
+            let env = letter.envelope();
+            let reason = env
+                .headers()
+                .get(header::ERROR)
+                .unwrap_or_default()
+                .to_owned();
+            let _ = letters.send((env.payload().to_vec(), reason));
+            letter.ack().await.unwrap();
+        }
+    });
+    let publish = || async {
+        for id in ["good-a", "crash-1", "good-b"] {
+            let message = Message::new(job(id));
+            rabbit
+                .publish_message("jobs.crashes", message, None)
+                .await
+                .unwrap();
         }
     };
-    assert_eq!(crashes, 3, "three runs, then the dead letter");
-    assert_eq!(
-        letter.envelope().payload(),
-        &job("crash-1"),
-        "the crash job is the dead letter"
-    );
-    letter.ack().await.unwrap();
-    while handled.len() < 2 {
-        let line = app.expect("handled ", 30).await;
-        handled.insert(line["handled ".len()..].to_owned());
-    }
-    assert_eq!(
-        handled,
-        BTreeSet::from(["good-a".to_owned(), "good-b".to_owned()])
-    );
-    eprintln!("crash loop: {crashes} crashed instances, then the dead letter");
-    tokio::time::sleep(faults::QUIET).await;
-    assert!(
-        futures_util::FutureExt::now_or_never(dead.next()).is_none(),
-        "no other dead letter: the jobs around it are not exhausted with it"
-    );
-    app.kill().await;
+    let reason = faults::crash_loop(&spec, publish, &mut dead).await;
+    assert!(reason.contains("delivery_limit"), "{reason}");
 }

@@ -11,10 +11,9 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::faults::{self, AppProcess, AppSpec, job};
+use common::faults::{self, AppSpec, job};
 use common::server::OwnServer;
 use common::{counter, install_metrics, within};
 use redis::Value;
@@ -79,86 +78,37 @@ fn app_process() {
 /// whose publish succeeded is handled at least once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_killed_and_restarted_mid_stream_loses_no_job() {
-    const N: usize = 200;
     let mut server = own_redis().await;
     let redis = broker(&url(&server)).await;
-    let (seen_tx, mut seen) = unbounded_channel();
-    let running = faults::start_app(
-        redis.clone(),
-        SubscriberConfig::new("jobs").queue_group("workers"),
-        seen_tx,
-    )
-    .await;
-    let publisher = tokio::spawn({
-        let redis = redis.clone();
-        async move {
-            for i in 0..N {
-                // A publish that fails is sent again: it may have been
-                // stored before the failure, and then counts twice.
-                while redis
-                    .publish_message("jobs", Message::new(job(&i.to_string())), None)
-                    .await
-                    .is_err()
-                {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-    });
-    let mut runs: BTreeMap<String, usize> = BTreeMap::new();
-    while runs.len() < N / 4 {
-        let (id, _) = within(10, "jobs before the kill", seen.recv())
-            .await
-            .unwrap();
-        *runs.entry(id).or_default() += 1;
-    }
-    server.restart().await;
-    within(60, "every publish", publisher).await.unwrap();
-    while runs.len() < N {
-        let (id, _) = within(30, "every job after the restart", seen.recv())
-            .await
-            .unwrap();
-        *runs.entry(id).or_default() += 1;
-    }
-    let duplicates: usize = runs.values().map(|n| n - 1).sum();
-    eprintln!("redis kill -9 mid-stream: {N} jobs handled, {duplicates} handled twice or more");
-    running.shutdown().await.unwrap();
+    let run = faults::restart_mid_stream(redis, "jobs", 200, server.restart()).await;
+    eprintln!(
+        "redis kill -9 mid-stream: 200 jobs handled, {} handled twice or more, all {:?} after \
+         the server was back",
+        run.duplicates, run.recovered
+    );
 }
 
 /// The app process is killed with a job in its handler and more read
 /// ahead; the next instance claims them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_killed_with_jobs_in_flight_leaves_them_to_the_next_instance() {
-    const N: usize = 20;
     let server = own_redis().await;
     let url = url(&server);
     let redis = broker(&url).await;
     // The jobs wait in the stream, so the first read takes them all.
     create_group(&url, "inflight").await;
-    for i in 0..N {
-        redis
-            .publish_message("inflight", Message::new(job(&i.to_string())), None)
-            .await
-            .unwrap();
-    }
-    let mut spec = AppSpec::new(&url, "inflight", "workers");
-    spec.hold = true;
-    let mut first = AppProcess::start(&spec).await;
-    first.expect("handling 0 1", 10).await;
-    let in_flight = pending(&url, "inflight", "workers").await;
-    assert!(in_flight > 1, "jobs read ahead are in flight: {in_flight}");
-    first.kill().await;
-
-    spec.hold = false;
-    let mut second = AppProcess::start(&spec).await;
-    let mut handled = BTreeSet::new();
-    while handled.len() < N {
-        let line = second.expect("handled ", 30).await;
-        handled.insert(line["handled ".len()..].to_owned());
-    }
-    eprintln!("{in_flight} jobs were in flight when the first app was killed");
-    second.kill().await;
+    let spec = AppSpec::new(&url, "inflight", "workers");
+    faults::killed_in_flight(spec, 20, true, |i| {
+        let redis = redis.clone();
+        async move {
+            let message = Message::new(job(&i.to_string()));
+            redis
+                .publish_message("inflight", message, None)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
 }
 
 /// The `workers` group on `stream`, reading from the stream's end.
@@ -371,6 +321,11 @@ async fn dead_letters(url: &str) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
         .query_async(&mut raw(url).await)
         .await
         .unwrap();
+    entries(reply)
+}
+
+/// The entries of an `XRANGE` reply, fields as bytes.
+fn entries(reply: Value) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
     let Value::Array(entries) = reply else {
         return Vec::new();
     };
@@ -405,70 +360,45 @@ async fn a_crash_loop_ends_in_the_dead_letter_after_max_attempts() {
     let redis = broker(&url).await;
     let mut spec = AppSpec::new(&url, "crashes", "workers");
     spec.dead_letter = Some("crashes.dead".to_owned());
-    spec.max_attempts = 3;
-    let mut app = AppProcess::start(&spec).await;
-    for id in ["good-a", "crash-1", "good-b"] {
-        redis
-            .publish_message("crashes", Message::new(job(id)), None)
-            .await
-            .unwrap();
-    }
-    let mut crashes = 0;
-    let mut handled = BTreeSet::new();
-    // Each instance handles what it can, until it dies on the crash job or
-    // the crash job reaches the dead letter.
-    let dead = loop {
-        let line = tokio::select! {
-            line = app.expect("handl", 20) => line,
-            dead = xrange_when_there(&url, "crashes.dead") => break dead,
-        };
-        match line.strip_prefix("handled ") {
-            Some(id) => {
-                handled.insert(id.to_owned());
-            }
-            None if line.starts_with("handling crash-1") => {
-                crashes += 1;
-                assert!(
-                    app.aborted(10).await,
-                    "{line}: the handler aborted the process"
-                );
-                assert!(crashes <= 3, "the crash loop went on past max_attempts");
-                app = AppProcess::start(&spec).await;
-            }
-            None => {}
+    let publish = || async {
+        for id in ["good-a", "crash-1", "good-b"] {
+            let message = Message::new(job(id));
+            redis
+                .publish_message("crashes", message, None)
+                .await
+                .unwrap();
         }
     };
-    assert_eq!(crashes, 3, "three runs, then the dead letter");
-    assert!(dead.contains("attempts exhausted"), "{dead}");
-    assert!(
-        dead.contains("crash-1"),
-        "the crash job is the dead letter: {dead}"
-    );
-    while handled.len() < 2 {
-        let line = app.expect("handled ", 20).await;
-        handled.insert(line["handled ".len()..].to_owned());
-    }
-    assert_eq!(
-        handled,
-        BTreeSet::from(["good-a".to_owned(), "good-b".to_owned()])
-    );
-    eprintln!("crash loop: {crashes} crashed instances, then the dead letter");
-    app.kill().await;
+    let (letters, mut dead) = unbounded_channel();
+    tokio::spawn(forward_dead_letters(url.clone(), "crashes.dead", letters));
+    let reason = faults::crash_loop(&spec, publish, &mut dead).await;
+    assert!(reason.contains("attempts exhausted"), "{reason}");
 }
 
-/// The entries of `stream`, as text, once it has any.
-async fn xrange_when_there(url: &str, stream: &str) -> String {
-    let mut conn = raw(url).await;
-    loop {
+/// Sends the payload and reason of every entry of `stream`, as it comes.
+async fn forward_dead_letters(
+    url: String,
+    stream: &'static str,
+    letters: tokio::sync::mpsc::UnboundedSender<(Vec<u8>, String)>,
+) {
+    let mut conn = raw(&url).await;
+    let mut sent = 0;
+    while !letters.is_closed() {
         let reply: Value = redis::cmd("XRANGE")
             .arg(stream)
             .arg("-")
             .arg("+")
             .query_async(&mut conn)
             .await
-            .unwrap();
-        if !matches!(&reply, Value::Array(entries) if entries.is_empty()) {
-            return String::from_utf8_lossy(&format!("{reply:?}").into_bytes()).into_owned();
+            .unwrap_or(Value::Nil);
+        for fields in entries(reply).into_iter().skip(sent) {
+            let get = |name: &str| {
+                let value = fields.iter().find(|(n, _)| n == name.as_bytes());
+                value.map(|(_, v)| v.clone()).unwrap_or_default()
+            };
+            let reason = String::from_utf8_lossy(&get(&format!("h:{}", header::ERROR))).into();
+            let _ = letters.send((get("p"), reason));
+            sent += 1;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -8,14 +8,14 @@
 //! ([`AppSpec`]). It prints `handling <id> <attempt>` when a handler starts
 //! and `handled <id>` when it is done; the test reads those lines.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::Duration;
 
 use ruststream::bytes::Bytes;
 use ruststream::{
-    App, BoxError, Broker, Codec, Envelope, Json, Outcome, RunningApp, Scope, SendSubscriber,
-    Subscriber, SubscriberConfig,
+    App, BoxError, Broker, Codec, Envelope, Json, Message, Outcome, RunningApp, Scope,
+    SendSubscriber, Subscriber, SubscriberConfig,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -317,3 +317,166 @@ pub fn dead_lettered(expected: &mut Vec<Poison>, env: &Envelope) {
 /// A bounded quiet window: how long a test watches for something that
 /// must not happen.
 pub const QUIET: Duration = Duration::from_millis(500);
+
+/// What a broker restart mid-stream did.
+pub struct MidStream {
+    /// Handler runs beyond the first, over all jobs.
+    pub duplicates: usize,
+    /// From the server being back to the first job handled after it.
+    pub resumed: Duration,
+    /// From the server being back to every job handled.
+    pub recovered: Duration,
+}
+
+/// Runs an app on `broker` for group `workers` on `subject`, publishes `n`
+/// jobs (each again until the broker confirms it: a failed publish may
+/// have been stored, and then counts twice), calls `restart` a quarter of
+/// the way through, and waits until every job was handled at least once.
+pub async fn restart_mid_stream<B: Broker, F: Future<Output = ()>>(
+    broker: B,
+    subject: &str,
+    n: usize,
+    restart: F,
+) -> MidStream {
+    let (seen_tx, mut seen) = unbounded_channel();
+    let config = SubscriberConfig::new(subject).queue_group("workers");
+    let running = start_app(broker.clone(), config, seen_tx).await;
+    let publisher = tokio::spawn({
+        let subject = subject.to_owned();
+        async move {
+            for i in 0..n {
+                let publish = || {
+                    let message = Message::new(job(&i.to_string()));
+                    broker.publish_message(&subject, message, None)
+                };
+                while publish().await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    });
+    let mut runs: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..n / 4 {
+        one_run(&mut seen, &mut runs, "jobs before the kill", 10).await;
+    }
+    restart.await;
+    let back = std::time::Instant::now();
+    one_run(&mut seen, &mut runs, "the first job after the restart", 60).await;
+    let resumed = back.elapsed();
+    within(120, "every publish", publisher).await.unwrap();
+    while runs.len() < n {
+        one_run(&mut seen, &mut runs, "every job after the restart", 60).await;
+    }
+    let recovered = back.elapsed();
+    running.shutdown().await.unwrap();
+    MidStream {
+        duplicates: runs.values().map(|n| n - 1).sum(),
+        resumed,
+        recovered,
+    }
+}
+
+/// Counts the next handler run in `runs`.
+async fn one_run(
+    seen: &mut UnboundedReceiver<(String, u32)>,
+    runs: &mut BTreeMap<String, usize>,
+    what: &str,
+    secs: u64,
+) {
+    let (id, _) = within(secs, what, seen.recv()).await.unwrap();
+    *runs.entry(id).or_default() += 1;
+}
+
+/// Kills an app process holding `n` jobs (one in its handler, the rest
+/// read ahead), then checks that the next instance handles them all.
+/// `publish(i)` publishes job `i`; with `before`, all are published before
+/// the first app starts (so its first read takes them all).
+pub async fn killed_in_flight<F: Future<Output = ()>>(
+    mut spec: AppSpec,
+    n: usize,
+    before: bool,
+    publish: impl Fn(usize) -> F,
+) {
+    let publish_all = async || {
+        for i in 0..n {
+            publish(i).await;
+        }
+    };
+    if before {
+        publish_all().await;
+    }
+    spec.hold = true;
+    let mut first = AppProcess::start(&spec).await;
+    if !before {
+        publish_all().await;
+    }
+    first.expect("handling 0 1", 10).await;
+    first.kill().await;
+
+    spec.hold = false;
+    let mut second = AppProcess::start(&spec).await;
+    let mut handled = BTreeSet::new();
+    while handled.len() < n {
+        let line = second.expect("handled ", 30).await;
+        handled.insert(line["handled ".len()..].to_owned());
+    }
+    second.kill().await;
+}
+
+/// A crash loop: app processes of `spec` (which has a dead letter and
+/// `max_attempts` 3) get jobs `good-a`, `crash-1`, `good-b` (published by
+/// `publish` once the first is up); `crash-1` aborts each instance that
+/// runs it. Ends with the first dead letter on `dead` (payload and
+/// reason), which must be `crash-1`'s, after exactly three crashes; both
+/// good jobs are handled and no other dead letter follows. Returns the
+/// reason.
+pub async fn crash_loop<P: Future<Output = ()>>(
+    spec: &AppSpec,
+    publish: impl FnOnce() -> P,
+    dead: &mut UnboundedReceiver<(Vec<u8>, String)>,
+) -> String {
+    let mut app = AppProcess::start(spec).await;
+    publish().await;
+    let mut crashes = 0;
+    let mut handled = BTreeSet::new();
+    let (payload, reason) = loop {
+        let line = tokio::select! {
+            line = app.expect("handl", 30) => line,
+            letter = dead.recv() => break letter.unwrap(),
+        };
+        match line.strip_prefix("handled ") {
+            Some(id) => {
+                handled.insert(id.to_owned());
+            }
+            None if line.starts_with("handling crash-1") => {
+                crashes += 1;
+                assert!(
+                    app.aborted(10).await,
+                    "{line}: the handler aborted the process"
+                );
+                assert!(crashes <= 3, "the crash loop went on past max_attempts");
+                app = AppProcess::start(spec).await;
+            }
+            None => {}
+        }
+    };
+    assert_eq!(crashes, 3, "three runs, then the dead letter");
+    assert_eq!(payload, job("crash-1"), "the crash job is the dead letter");
+    while handled.len() < 2 {
+        let line = app.expect("handled ", 30).await;
+        handled.insert(line["handled ".len()..].to_owned());
+    }
+    assert_eq!(
+        handled,
+        BTreeSet::from(["good-a".to_owned(), "good-b".to_owned()])
+    );
+    tokio::time::sleep(QUIET).await;
+    assert!(
+        dead.try_recv().is_err(),
+        "no other dead letter: the jobs around it are not exhausted with it"
+    );
+    app.kill().await;
+    eprintln!("crash loop: {crashes} crashed instances, then the dead letter: {reason}");
+    reason
+}

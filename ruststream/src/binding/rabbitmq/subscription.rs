@@ -391,7 +391,14 @@ pub(super) fn envelope(delivery: lapin::message::Delivery, own_queue: Option<&st
                 continue;
             };
             match name.as_str() {
-                // The broker's dead-lettering bookkeeping, not the sender's.
+                // Why the broker itself dead-lettered it (a quorum queue's
+                // delivery limit, say): the reason, unless the runtime gave
+                // one.
+                "x-first-death-reason" if message.headers().get(header::ERROR).is_none() => {
+                    let reason = format!("dead-lettered by the broker: {value}");
+                    message = message.with_header(header::ERROR, reason);
+                }
+                // The rest of the broker's bookkeeping, not the sender's.
                 name if name.starts_with("x-first-death-") || name.starts_with("x-last-death-") => {
                 }
                 KEY => message = message.with_key(value),
