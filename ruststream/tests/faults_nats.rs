@@ -26,14 +26,6 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 const ACK_WAIT: Duration = Duration::from_secs(1);
 
-async fn own_nats() -> OwnServer {
-    OwnServer::start(
-        "nats-server",
-        &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd"],
-    )
-    .await
-}
-
 fn url(server: &OwnServer) -> String {
     format!("nats://127.0.0.1:{}", server.port)
 }
@@ -69,7 +61,7 @@ fn app_process() {
 /// for its lost pull to expire).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jetstream_server_killed_and_restarted_mid_stream_loses_no_job() {
-    let mut server = own_nats().await;
+    let mut server = OwnServer::nats().await;
     // Pulls that stay open 5 s: the resume must not wait for them.
     let js = jetstream(&url(&server), spec().pull_expires(Duration::from_secs(5))).await;
     let run = faults::restart_mid_stream(js, "jobs.restart", 200, server.restart()).await;
@@ -89,7 +81,7 @@ async fn a_jetstream_server_killed_and_restarted_mid_stream_loses_no_job() {
 /// the next instance gets them all after `ack_wait`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_killed_with_jobs_in_flight_leaves_them_to_the_next_instance() {
-    let server = own_nats().await;
+    let server = OwnServer::nats().await;
     let url = url(&server);
     let js = jetstream(&url, spec()).await;
     let spec = AppSpec::new(&url, "jobs.inflight", "workers");
@@ -110,7 +102,7 @@ async fn an_app_killed_with_jobs_in_flight_leaves_them_to_the_next_instance() {
 /// the next member goes on where the group stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_outlives_any_downtime_by_default() {
-    let server = own_nats().await;
+    let server = OwnServer::nats().await;
     let url = url(&server);
     let js = jetstream(&url, spec()).await;
     let consumed = consume_and_stop(&url, (spec(), false), "jobs.durable", 0..10).await;
@@ -136,7 +128,7 @@ async fn a_durable_outlives_any_downtime_by_default() {
 /// checkpointed ack floor: the acked history is not handed out again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_deleted_after_its_threshold_is_recreated_where_the_group_was() {
-    let server = own_nats().await;
+    let server = OwnServer::nats().await;
     let url = url(&server);
     let spec = spec().inactive_threshold(Duration::from_secs(1));
     let js = jetstream(&url, spec.clone()).await;
@@ -254,7 +246,7 @@ fn raw_hpub(port: u16, subject: &str, headers: &[u8], payload: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_are_dead_lettered_and_their_neighbours_handled() {
     install_metrics();
-    let server = own_nats().await;
+    let server = OwnServer::nats().await;
     let url = url(&server);
     let js = jetstream(&url, spec()).await;
     let client = async_nats::connect(&url).await.unwrap();
@@ -276,11 +268,12 @@ async fn poison_messages_are_dead_lettered_and_their_neighbours_handled() {
                 .unwrap()
         }
     };
+    let mut expected = Vec::new();
     publish(job("good-1")).await;
-    publish(b"{not json".to_vec()).await;
-    publish(br#"{"name":"wrong shape"}"#.to_vec()).await;
-    publish(Vec::new()).await;
-    publish(vec![b'x'; 70_000]).await;
+    for (payload, poison) in faults::poison_payloads() {
+        publish(payload).await;
+        expected.push(poison);
+    }
     raw_hpub(
         server.port,
         "jobs.poison",
@@ -293,6 +286,10 @@ async fn poison_messages_are_dead_lettered_and_their_neighbours_handled() {
         "X-Ünï: v\r\n".as_bytes(),
         &job("bad-name"),
     );
+    for name in ["header value not UTF-8", "header name not ASCII"] {
+        let reason = "malformed headers";
+        expected.push(faults::Poison { name, reason });
+    }
     let mut many = Message::new(job("many-headers"));
     // Under JetStream's own 64 KiB header limit, over the subscriber's
     // max_message_size.
@@ -300,38 +297,9 @@ async fn poison_messages_are_dead_lettered_and_their_neighbours_handled() {
         many = many.with_header(format!("x-{i}"), "0123456789");
     }
     js.publish_message("jobs.poison", many, None).await.unwrap();
+    expected.push(faults::many_headers());
     publish(job("good-2")).await;
 
-    let mut expected = vec![
-        faults::Poison {
-            name: "invalid JSON",
-            reason: "key must be a string",
-        },
-        faults::Poison {
-            name: "wrong shape",
-            reason: "unknown field `name`",
-        },
-        faults::Poison {
-            name: "empty body",
-            reason: "EOF while parsing",
-        },
-        faults::Poison {
-            name: "oversize body",
-            reason: "exceeds max_message_size",
-        },
-        faults::Poison {
-            name: "header value not UTF-8",
-            reason: "malformed headers",
-        },
-        faults::Poison {
-            name: "header name not ASCII",
-            reason: "malformed headers",
-        },
-        faults::Poison {
-            name: "3,000 headers",
-            reason: "exceeds max_message_size",
-        },
-    ];
     let started = std::time::Instant::now();
     while !expected.is_empty() {
         let letter = within(30, "the dead letters", dead.next()).await.unwrap();
@@ -376,7 +344,7 @@ async fn poison_messages_are_dead_lettered_and_their_neighbours_handled() {
 /// handled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_loop_ends_in_the_dead_letter_after_max_attempts() {
-    let server = own_nats().await;
+    let server = OwnServer::nats().await;
     let url = url(&server);
     let js = jetstream(&url, spec()).await;
     let mut spec = AppSpec::new(&url, "jobs.crashes", "workers");
@@ -418,7 +386,7 @@ async fn dead_letters(url: &str, subject: &str) -> UnboundedReceiver<(Vec<u8>, S
 /// not as a first delivery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_aborted_by_the_shutdown_timeout_comes_back_as_attempt_two() {
-    let server = own_nats().await;
+    let server = OwnServer::nats().await;
     let url = url(&server);
     let js = jetstream(&url, spec()).await;
     let config = SubscriberConfig::new("jobs.aborted").queue_group("workers");

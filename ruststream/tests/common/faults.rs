@@ -278,6 +278,36 @@ pub struct Poison {
     pub reason: &'static str,
 }
 
+/// The poison payloads every broker gets (over a `max_message_size` of
+/// 32 KiB), each with what must become of it.
+pub fn poison_payloads() -> Vec<(Vec<u8>, Poison)> {
+    let poison = |name, reason| Poison { name, reason };
+    vec![
+        (
+            b"{not json".to_vec(),
+            poison("invalid JSON", "key must be a string"),
+        ),
+        (
+            br#"{"name":"wrong shape"}"#.to_vec(),
+            poison("wrong shape", "unknown field `name`"),
+        ),
+        (Vec::new(), poison("empty body", "EOF while parsing")),
+        (
+            vec![b'x'; 70_000],
+            poison("oversize body", "exceeds max_message_size"),
+        ),
+    ]
+}
+
+/// What a message with thousands of headers (over 32 KiB in all) must
+/// become.
+pub fn many_headers() -> Poison {
+    Poison {
+        name: "3,000 headers",
+        reason: "exceeds max_message_size",
+    }
+}
+
 /// Waits for `count` deliveries on `seen`, and returns them by id.
 pub async fn handled(
     seen: &mut UnboundedReceiver<(String, u32)>,

@@ -53,6 +53,37 @@ impl OwnServer {
         OwnServer::launch(program, Box::new(launch), 10).await
     }
 
+    /// A redis-server whose streams survive `kill -9`: an append-only file
+    /// with `appendfsync always`.
+    pub async fn redis() -> OwnServer {
+        OwnServer::start(
+            "redis-server",
+            &[
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                "{port}",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--dir",
+            ],
+        )
+        .await
+    }
+
+    /// A nats-server with JetStream on file storage.
+    pub async fn nats() -> OwnServer {
+        OwnServer::start(
+            "nats-server",
+            &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd"],
+        )
+        .await
+    }
+
     /// A RabbitMQ node of the test's own: its own node name, AMQP and
     /// distribution ports on loopback, data, logs and cookie in its
     /// directory, no plugins. It boots in 5–20 s.
