@@ -39,6 +39,7 @@ mod core;
 mod durable;
 mod given_up;
 mod jetstream;
+mod pull;
 mod reconnects;
 
 use std::future::Future;
