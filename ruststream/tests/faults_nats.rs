@@ -147,6 +147,23 @@ async fn a_durable_deleted_after_its_threshold_is_recreated_where_the_group_was(
     );
 }
 
+/// A stream deleted and made again under the same name starts over: the
+/// old stream's checkpoint does not make its group skip the new messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_made_again_is_read_from_its_start() {
+    let server = OwnServer::nats().await;
+    let url = url(&server);
+    let spec = spec().inactive_threshold(Duration::from_secs(1));
+    consume_and_stop(&url, (spec.clone(), true), "jobs.again", 0..10).await;
+    jetstream(&url, spec.clone())
+        .await
+        .delete_stream()
+        .await
+        .unwrap();
+    let again = consume_and_stop(&url, (spec, false), "jobs.again", 0..3).await;
+    assert_eq!(again, (0..3).map(|i| i.to_string()).collect());
+}
+
 /// Publishes jobs `ids`, runs a member of group `workers` (on a
 /// connection of its own, which it closes) until it has handled them and
 /// the durable's ack floor is past them — and checkpointed, if asked —

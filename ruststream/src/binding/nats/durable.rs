@@ -37,8 +37,17 @@ pub(super) async fn open(
     wanted: pull::Config,
 ) -> Result<(PullConsumer, Checkpoints)> {
     let name = wanted.durable_name.clone().unwrap_or_default();
-    let stream_name = stream.cached_info().config.name.clone();
-    let mut checkpoints = Checkpoints::new(context, &stream_name, &name, wanted.inactive_threshold);
+    let info = stream.cached_info();
+    let stream_name = info.config.name.clone();
+    // A stream deleted and made again under the same name starts over: a
+    // checkpoint of the old one must not skip the new one's messages.
+    let incarnation = info.created.unix_timestamp_nanos();
+    let mut checkpoints = Checkpoints::new(
+        context,
+        (&stream_name, incarnation),
+        &name,
+        wanted.inactive_threshold,
+    );
     let consumer = match stream.consumer_info(&name).await {
         Ok(info) => up_to_date(stream, info, wanted).await?,
         Err(err) if err.kind() == ConsumerInfoErrorKind::NotFound => {
@@ -119,6 +128,8 @@ fn consumer_error(name: &str, err: impl std::fmt::Display) -> Error {
 pub(super) struct Checkpoints {
     context: jetstream::Context,
     subject: String,
+    /// When the stream was made: a checkpoint counts for that stream only.
+    incarnation: i128,
     every: Duration,
     last: Instant,
     /// A checkpoint is on its way: the next waits for a later pull.
@@ -126,7 +137,12 @@ pub(super) struct Checkpoints {
 }
 
 impl Checkpoints {
-    fn new(context: &jetstream::Context, stream: &str, name: &str, threshold: Duration) -> Self {
+    fn new(
+        context: &jetstream::Context,
+        (stream, incarnation): (&str, i128),
+        name: &str,
+        threshold: Duration,
+    ) -> Self {
         let every = match threshold {
             Duration::ZERO => CHECKPOINT_EVERY,
             threshold => CHECKPOINT_EVERY.min(threshold / 2),
@@ -134,6 +150,7 @@ impl Checkpoints {
         Checkpoints {
             context: context.clone(),
             subject: format!("$RS.DURABLES.{stream}.{name}"),
+            incarnation,
             every,
             last: Instant::now(),
             writing: Arc::new(AtomicBool::new(false)),
@@ -159,24 +176,29 @@ impl Checkpoints {
             self.subject.clone(),
             Arc::clone(&self.writing),
         );
-        let consumer = consumer.clone();
+        let (consumer, incarnation) = (consumer.clone(), self.incarnation);
         tokio::spawn(async move {
-            if let Err(err) = checkpoint(&context, &subject, &consumer).await {
+            if let Err(err) = checkpoint(&context, &subject, &consumer, incarnation).await {
                 tracing::debug!(error = %err, subject, "JetStream durable checkpoint not written");
             }
             writing.store(false, Ordering::Release);
         });
     }
 
-    /// The last checkpointed ack floor and how old it is.
+    /// The last checkpointed ack floor of this stream and how old it is.
     async fn last(&self) -> Option<(u64, Duration)> {
         let stream = self.context.get_stream(CHECKPOINTS).await.ok()?;
         let message = stream
             .get_last_raw_message_by_subject(&self.subject)
             .await
             .ok()?;
+        // "<ack floor> <unix ms written> <stream made, unix ns>"
         let text = std::str::from_utf8(&message.payload).ok()?;
-        let (floor, at_ms) = text.split_once(' ')?;
+        let mut fields = text.split(' ');
+        let (floor, at_ms, made) = (fields.next()?, fields.next()?, fields.next()?);
+        if made.parse::<i128>().ok()? != self.incarnation {
+            return None;
+        }
         let age = unix_ms().saturating_sub(at_ms.parse().ok()?);
         Some((floor.parse().ok()?, Duration::from_millis(age)))
     }
@@ -186,9 +208,11 @@ async fn checkpoint(
     context: &jetstream::Context,
     subject: &str,
     consumer: &PullConsumer,
+    incarnation: i128,
 ) -> std::result::Result<(), async_nats::Error> {
     let floor = consumer.get_info().await?.ack_floor.stream_sequence;
-    let payload = bytes::Bytes::from(format!("{floor} {}", unix_ms()));
+    let payload = format!("{floor} {} {incarnation}", unix_ms());
+    let payload = bytes::Bytes::from(payload);
     let published = match context.publish(subject.to_owned(), payload.clone()).await {
         Ok(ack) => ack.await,
         Err(err) => return Err(err.into()),
