@@ -305,7 +305,13 @@ impl Envelope {
     /// `ruststream-retries` header): one per retry, more where a copy was
     /// also redelivered before it asked for the retry, so attempts never go
     /// down across retries.
+    #[inline]
     pub fn retries(&self) -> u32 {
+        // Checked on every delivery: a message without metadata, the
+        // common case, answers without a header lookup.
+        if self.message.meta.is_none() {
+            return 0;
+        }
         self.headers()
             .get(header::RETRIES)
             .and_then(|n| n.parse().ok())
@@ -314,6 +320,7 @@ impl Envelope {
 
     /// Attempts counting both broker redeliveries and `retry_after`
     /// republishes: what `max_attempts` is checked against.
+    #[inline]
     pub fn total_attempt(&self) -> u32 {
         self.attempt.saturating_add(self.retries())
     }
