@@ -22,7 +22,7 @@
 //!   a pub/sub message on it, delivered straight to the caller by the
 //!   broker's inbox (one `PSUBSCRIBE`), never through a stream (JQ-6).
 //!
-//! No wildcards: a stream key is exact.
+//! No wildcards: a stream key is exact. Needs Redis 6.2 or later.
 
 mod entry;
 mod reply;
