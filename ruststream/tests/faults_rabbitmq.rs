@@ -64,7 +64,7 @@ async fn a_rabbitmq_node_killed_and_restarted_mid_stream_loses_no_job() {
     );
 }
 
-/// The app process is killed with a job in its handler and more
+/// The app process is killed with jobs in its handlers and more
 /// prefetched; the broker requeues them and the next instance gets them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_killed_with_jobs_in_flight_leaves_them_to_the_next_instance() {

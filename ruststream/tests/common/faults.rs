@@ -128,6 +128,8 @@ pub struct AppSpec {
     pub dead_letter: Option<String>,
     pub max_attempts: u32,
     pub hold: bool,
+    /// `workers(n)` when more than 1; the default loop otherwise.
+    pub workers: usize,
     pub extra: BTreeMap<String, String>,
 }
 
@@ -140,6 +142,7 @@ impl AppSpec {
             dead_letter: None,
             max_attempts: 3,
             hold: false,
+            workers: 1,
             extra: BTreeMap::new(),
         }
     }
@@ -158,6 +161,9 @@ impl AppSpec {
             .max_attempts(self.max_attempts);
         if let Some(dead) = &self.dead_letter {
             config = config.dead_letter(dead.as_str());
+        }
+        if self.workers > 1 {
+            config = config.workers(self.workers);
         }
         config
     }
@@ -418,7 +424,7 @@ async fn one_run(
     *runs.entry(id).or_default() += 1;
 }
 
-/// Kills an app process holding `n` jobs (one in its handler, the rest
+/// Kills an app process holding `n` jobs (four in its handlers, the rest
 /// read ahead), then checks that the next instance handles them all.
 /// `publish(i)` publishes job `i`; with `before`, all are published before
 /// the first app starts (so its first read takes them all).
@@ -437,11 +443,14 @@ pub async fn killed_in_flight<F: Future<Output = ()>>(
         publish_all().await;
     }
     spec.hold = true;
+    spec.workers = 4;
     let mut first = AppProcess::start(&spec).await;
     if !before {
         publish_all().await;
     }
-    first.expect("handling 0 1", 10).await;
+    for _ in 0..4 {
+        first.expect("handling ", 10).await;
+    }
     first.kill().await;
 
     spec.hold = false;
