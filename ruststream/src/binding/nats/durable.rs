@@ -134,6 +134,8 @@ pub(super) struct Checkpoints {
     last: Instant,
     /// A checkpoint is on its way: the next waits for a later pull.
     writing: Arc<AtomicBool>,
+    /// A failed checkpoint was logged.
+    warned: Arc<AtomicBool>,
 }
 
 impl Checkpoints {
@@ -154,6 +156,7 @@ impl Checkpoints {
             every,
             last: Instant::now(),
             writing: Arc::new(AtomicBool::new(false)),
+            warned: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -177,9 +180,14 @@ impl Checkpoints {
             Arc::clone(&self.writing),
         );
         let (consumer, incarnation) = (consumer.clone(), self.incarnation);
+        let warned = Arc::clone(&self.warned);
         tokio::spawn(async move {
-            if let Err(err) = checkpoint(&context, &subject, &consumer, incarnation).await {
-                tracing::debug!(error = %err, subject, "JetStream durable checkpoint not written");
+            if let Err(err) = checkpoint(&context, &subject, &consumer, incarnation).await
+                && !warned.swap(true, Ordering::AcqRel)
+            {
+                // Without checkpoints, a durable that is gone is recreated
+                // from the start of the stream: say so, once.
+                tracing::warn!(error = %err, subject, "JetStream durable checkpoint not written (logged once per subscription)");
             }
             writing.store(false, Ordering::Release);
         });
