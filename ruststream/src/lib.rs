@@ -133,6 +133,9 @@ mod book {
     #[cfg(feature = "rabbitmq")]
     #[doc = include_str!("../../book/src/rabbitmq.md")]
     mod rabbitmq {}
+    #[cfg(all(feature = "nats", feature = "redis", feature = "rabbitmq"))]
+    #[doc = include_str!("../../book/src/failures.md")]
+    mod failures {}
 }
 
 /// Re-exported for the prelude's derives and for users' convenience.

@@ -15,6 +15,10 @@ pub mod header {
     pub const ORIGINAL_SUBJECT: &str = "ruststream-original-subject";
     /// Attempt number at which a message was dead-lettered.
     pub const ATTEMPT: &str = "ruststream-attempt";
+    /// The broker's id of a message a binding dead-lettered on its own,
+    /// before any handler could see it (a malformed Redis entry's id, the
+    /// stream sequence of a JetStream message the client could not read).
+    pub const ORIGINAL_ID: &str = "ruststream-original-id";
     /// Attempts made on the earlier copies of a message that `retry_after`
     /// republished.
     pub const RETRIES: &str = "ruststream-retries";
@@ -301,7 +305,13 @@ impl Envelope {
     /// `ruststream-retries` header): one per retry, more where a copy was
     /// also redelivered before it asked for the retry, so attempts never go
     /// down across retries.
+    #[inline]
     pub fn retries(&self) -> u32 {
+        // Checked on every delivery: a message without metadata, the
+        // common case, answers without a header lookup.
+        if self.message.meta.is_none() {
+            return 0;
+        }
         self.headers()
             .get(header::RETRIES)
             .and_then(|n| n.parse().ok())
@@ -310,6 +320,7 @@ impl Envelope {
 
     /// Attempts counting both broker redeliveries and `retry_after`
     /// republishes: what `max_attempts` is checked against.
+    #[inline]
     pub fn total_attempt(&self) -> u32 {
         self.attempt.saturating_add(self.retries())
     }

@@ -9,6 +9,8 @@
 //! | `ruststream_connection_events_total` | counter | `binding`, `event` | connection events of a broker client: `disconnected`, `connected`, `slow_consumer`, `pull_failed`, … |
 //! | `ruststream_handler_errors_total` | counter | `subject` | handler errors and panics |
 //! | `ruststream_rejected_total` | counter | `subject` | deliveries rejected (dead-lettered or dropped) |
+//! | `ruststream_attempts_exhausted_total` | counter | `subject` | deliveries past `max_attempts` that no earlier run settled (a crash loop), dead-lettered before the handler |
+//! | `ruststream_unreadable_headers_total` | counter | `binding` | received headers (or fields) whose name or value is not valid UTF-8, dropped from the message; the message itself is handled |
 //! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` (JQ-19) |
 //! | `ruststream_settle_errors_total` | counter | `subject` | ack/nack/reject calls the broker refused |
 //! | `ruststream_retry_lost_total` | counter | `subject` | `retry_after` republishes the broker refused |
@@ -52,6 +54,35 @@ pub(crate) fn connection_event(binding: &'static str, event: &'static str) {
 pub const HANDLER_ERRORS: &str = "ruststream_handler_errors_total";
 /// Rejected deliveries.
 pub const REJECTED: &str = "ruststream_rejected_total";
+/// Deliveries past `max_attempts`, dead-lettered before the handler.
+pub const ATTEMPTS_EXHAUSTED: &str = "ruststream_attempts_exhausted_total";
+/// Received headers dropped because they are not valid UTF-8.
+pub const UNREADABLE_HEADERS: &str = "ruststream_unreadable_headers_total";
+
+pub(crate) fn exhausted(subject: &Text) {
+    metrics::counter!(ATTEMPTS_EXHAUSTED, "subject" => subject.to_string()).increment(1);
+}
+
+/// A received header (name `name`, on `subject`) left out of its message
+/// because it is not valid UTF-8: counted every time, logged once per
+/// binding — a producer that sends one usually sends many.
+#[cfg_attr(not(any(feature = "redis", feature = "rabbitmq")), allow(dead_code))]
+pub(crate) fn unreadable_header(binding: &'static str, subject: &str, name: &str) {
+    static LOGGED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    metrics::counter!(UNREADABLE_HEADERS, "binding" => binding).increment(1);
+    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    if !logged.contains(&binding) {
+        logged.push(binding);
+        tracing::warn!(
+            binding,
+            subject,
+            header = name,
+            "a received header value is not valid UTF-8 and was left out of the message \
+             (logged once; counted in {UNREADABLE_HEADERS})"
+        );
+    }
+}
+
 /// Publishes that ended in `DeadlineExceeded`.
 pub const DEADLINE_EXCEEDED: &str = "ruststream_deadline_exceeded_total";
 /// Settlement calls that failed.

@@ -1,6 +1,8 @@
 //! One delivery, start to settlement (RT-7): context → accept layers → decode →
 //! handler → reply → ack. Malformed input stops before the handler (JQ-13);
 //! handler errors and panics end in `nack` until `max_attempts`, then `reject`.
+//! A delivery already past `max_attempts` — its handler never settled it,
+//! because the process died in it — is dead-lettered before the handler.
 //!
 //! The steps are split so execution modes can run them where they belong:
 //! [`Unit::check`] (layers and decode, synchronous; [`Unit::settle_early`]
@@ -55,6 +57,10 @@ pub(crate) enum Early {
     /// Headers + payload exceed the subscriber's `max_message_size` (JQ-20):
     /// refused before decode.
     Oversized(usize),
+    /// Delivered more often than `max_attempts` allows (the attempt it
+    /// carries): every earlier run ended without a settlement, so the
+    /// handler does not get another one.
+    Exhausted(u32),
 }
 
 /// Runs one handler future, with panics caught, and its settlement, unless
@@ -147,6 +153,10 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         if size > self.config.max_message_size {
             return Checked::Early(Early::Oversized(size));
         }
+        let attempt = env.total_attempt();
+        if attempt > self.config.max_attempts {
+            return Checked::Early(Early::Exhausted(attempt));
+        }
         if let Some(delay) = env.retry_delay() {
             return Checked::Early(Early::RetryDelay(delay));
         }
@@ -198,7 +208,27 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 );
                 self.refused(delivery, err.into()).await;
             }
+            Early::Exhausted(attempt) => self.exhausted(delivery, attempt).await,
         }
+    }
+
+    /// A delivery past `max_attempts` whose earlier runs never settled (a
+    /// handler that aborts the process, a client that fails before the
+    /// handler): dead-lettered without running the handler again, so a
+    /// crash loop ends.
+    #[cold]
+    async fn exhausted<D: Delivery>(&self, delivery: D, attempt: u32) {
+        metrics::exhausted(&self.config.subject);
+        let reason = format!(
+            "attempts exhausted: delivered {attempt} times, max_attempts {}, and no \
+             earlier run settled it (did the handler crash the process?)",
+            self.config.max_attempts
+        );
+        tracing::error!(subject = %delivery.envelope().subject(), attempt, "{reason}; message rejected before the handler");
+        self.reply(&delivery, error_reply(&reason), "handler-error")
+            .await;
+        metrics::rejected(&self.config.subject);
+        self.settled(delivery.reject(&reason).await);
     }
 
     #[cold]

@@ -106,6 +106,11 @@ impl SubscriberConfig {
     }
 
     /// Deliveries a failing message gets before it is rejected (at least 1).
+    /// A delivery that arrives past it — no earlier run settled it, because
+    /// the handler took the process down — is dead-lettered before the
+    /// handler runs ("attempts exhausted"), so a crash loop ends. Brokers
+    /// with a delivery limit of their own get it too (JetStream
+    /// `max_deliver`, RabbitMQ quorum queues' delivery limit).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
         self

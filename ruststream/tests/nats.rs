@@ -219,11 +219,7 @@ async fn a_saturated_app_never_over_fetches_from_jetstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restart_mid_stream_loses_no_jetstream_message() {
-    let mut server = OwnServer::start(
-        "nats-server",
-        &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd"],
-    )
-    .await;
+    let mut server = OwnServer::nats().await;
     let url = format!("nats://127.0.0.1:{}", server.port);
     let js = NatsBroker::connect(&url)
         .await

@@ -303,6 +303,76 @@ async fn a_request_whose_handler_gives_up_gets_a_handler_error() {
 }
 
 // ---------------------------------------------------------------------------
+// A handler that never settles (the process dies in it; here the shutdown
+// timeout aborts it, RT-10) still ends in the dead letter after
+// `max_attempts`, and the handler never runs past it (JQ-13: refused before
+// the handler, with a reason).
+
+static HANG_ATTEMPTS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+static HANG_ENTERED: Notify = Notify::const_new();
+
+#[subscriber(
+    "hang.jobs",
+    queue_group = "hang",
+    dead_letter = "hang.dlq",
+    max_attempts = 2
+)]
+async fn hangs(_job: String, ctx: Ctx) {
+    HANG_ATTEMPTS.lock().unwrap().push(ctx.attempt());
+    HANG_ENTERED.notify_one();
+    std::future::pending::<()>().await;
+}
+
+#[tokio::test]
+async fn a_delivery_past_max_attempts_is_dead_lettered_before_the_handler() {
+    install_metrics();
+    let broker = MemoryBroker::new();
+    let mut dlq = broker
+        .subscribe(SubscribeOptions::new("hang.dlq"))
+        .await
+        .unwrap();
+    // One connection per app: shutting an app down closes its own.
+    let app = || {
+        App::new()
+            .broker(broker.connect())
+            .shutdown_timeout(Duration::from_millis(50))
+            .subscriber(hangs)
+            .start()
+    };
+    // A member that never takes anything keeps the queue between apps.
+    let _queue = broker
+        .subscribe(
+            SubscribeOptions::new("hang.jobs")
+                .queue_group("hang")
+                .dead_letter("hang.dlq"),
+        )
+        .await
+        .unwrap();
+    broker
+        .publish_message("hang.jobs", Message::new("\"stuck\""), None)
+        .await
+        .unwrap();
+    // Each app dies inside the handler: the delivery is never settled and
+    // comes back to the next one with attempt + 1.
+    for _ in 0..2 {
+        let running = app().await.unwrap();
+        within(5, "the handler runs", HANG_ENTERED.notified()).await;
+        running.shutdown().await.unwrap();
+    }
+    let running = app().await.unwrap();
+    let dead = within(5, "the dead letter", dlq.next()).await.unwrap();
+    let reason = dead.envelope().headers().get(header::ERROR).unwrap();
+    assert!(reason.starts_with("attempts exhausted"), "{reason}");
+    assert_eq!(dead.envelope().headers().get(header::ATTEMPT), Some("3"));
+    running.shutdown().await.unwrap();
+    assert_eq!(*HANG_ATTEMPTS.lock().unwrap(), [1, 2], "no third run");
+    assert_eq!(
+        counter(metrics::ATTEMPTS_EXHAUSTED, "subject", "hang.jobs"),
+        1
+    );
+}
+
+// ---------------------------------------------------------------------------
 // Accept layers run before decode.
 
 static LAYERED_CALLS: AtomicU32 = AtomicU32::new(0);

@@ -186,23 +186,7 @@ async fn reject_copies_the_entry_to_the_dead_letter_stream_with_the_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_mid_stream_loses_no_entry() {
     // An append-only file, so a restart keeps the stream.
-    let mut server = OwnServer::start(
-        "redis-server",
-        &[
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            "{port}",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-            "--dir",
-        ],
-    )
-    .await;
+    let mut server = OwnServer::redis().await;
     let redis = redis_at(&format!("redis://127.0.0.1:{}", server.port)).await;
     let mut sub = redis
         .subscribe(SubscribeOptions::new("restart.jobs").queue_group("workers"))

@@ -46,10 +46,12 @@ pub struct SubscribeOptions {
     /// fan-out never is.
     pub receive_flow: bool,
     /// Deliveries of one message after which a broker that counts them
-    /// dead-letters it itself (RabbitMQ quorum queues' delivery limit). The
-    /// runtime rejects at `max_attempts` on its own; this catches a message
-    /// whose handler crashes the process every time, so it never gets to
-    /// reject it. The app sets it to the subscriber's `max_attempts`.
+    /// gives up on it (RabbitMQ quorum queues' delivery limit; JetStream's
+    /// `max_deliver`, set one higher so the runtime sees the last delivery
+    /// and dead-letters it as "attempts exhausted"). The runtime rejects at
+    /// `max_attempts` on its own; this catches a message whose handler
+    /// crashes the process every time, so it never gets to reject it. The
+    /// app sets it to the subscriber's `max_attempts`.
     pub max_deliveries: Option<u32>,
 }
 

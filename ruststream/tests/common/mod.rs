@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod blocked;
+pub mod faults;
 pub mod retry_once;
 pub mod server;
 

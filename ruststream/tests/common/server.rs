@@ -5,6 +5,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use super::{unique, until};
 
@@ -12,77 +13,209 @@ use super::{unique, until};
 /// directory is appended last (so the list ends with its flag).
 pub type Args = &'static [&'static str];
 
+/// How a server is started on a port, with a directory of its own.
+type Launch = Box<dyn Fn(u16, &Path) -> Command + Send + Sync>;
+
 /// A running server; killed (and its directory removed) when dropped.
 pub struct OwnServer {
-    child: Child,
+    child: Option<Child>,
     program: &'static str,
-    args: Args,
+    launch: Launch,
     pub port: u16,
     dir: PathBuf,
+    /// How long starting may take.
+    start_secs: u64,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl OwnServer {
     /// Starts `program` on a free loopback port and waits until it accepts
     /// connections; fails loudly (with how to install it) when it cannot run.
     pub async fn start(program: &'static str, args: Args) -> OwnServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let launch = move |port: u16, dir: &Path| {
+            let port = port.to_string();
+            let mut argv: Vec<OsString> = args
+                .iter()
+                .map(|arg| arg.replace("{port}", &port).into())
+                .collect();
+            argv.push(dir.into());
+            let mut command = Command::new(program);
+            command.args(argv);
+            command
+        };
+        OwnServer::launch(program, Box::new(launch), 10).await
+    }
+
+    /// A redis-server whose streams survive `kill -9`: an append-only file
+    /// with `appendfsync always`.
+    pub async fn redis() -> OwnServer {
+        OwnServer::start(
+            "redis-server",
+            &[
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                "{port}",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--dir",
+            ],
+        )
+        .await
+    }
+
+    /// A nats-server with JetStream on file storage.
+    pub async fn nats() -> OwnServer {
+        OwnServer::start(
+            "nats-server",
+            &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd"],
+        )
+        .await
+    }
+
+    /// A RabbitMQ node of the test's own: its own node name, AMQP and
+    /// distribution ports on loopback, data, logs and cookie in its
+    /// directory, no plugins. It boots in 5–20 s.
+    pub async fn rabbitmq() -> OwnServer {
+        let node = unique("rsfault");
+        let dist_port = free_port();
+        let launch = move |port: u16, dir: &Path| {
+            let config = dir.join("rabbitmq.conf");
+            std::fs::write(
+                &config,
+                format!(
+                    "listeners.tcp.default = 127.0.0.1:{port}\n\
+                     distribution.listener.interface = 127.0.0.1\n\
+                     distribution.listener.port_range.min = {dist_port}\n\
+                     distribution.listener.port_range.max = {dist_port}\n"
+                ),
+            )
+            .unwrap();
+            std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
+            // The script itself, not the wrapper that switches users.
+            let mut command = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
+            command
+                .current_dir(dir)
+                .env("HOME", dir)
+                .env("RABBITMQ_NODENAME", format!("{node}@localhost"))
+                .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+                .env("RABBITMQ_NODE_PORT", port.to_string())
+                .env("RABBITMQ_DIST_PORT", dist_port.to_string())
+                .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+                .env("RABBITMQ_LOG_BASE", dir.join("log"))
+                .env("RABBITMQ_CONFIG_FILE", &config)
+                .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
+                .env("RABBITMQ_PID_FILE", dir.join("pid"))
+                .env("ERL_EPMD_ADDRESS", "127.0.0.1");
+            command
+        };
+        OwnServer::launch("rabbitmq-server", Box::new(launch), 60).await
+    }
+
+    async fn launch(program: &'static str, launch: Launch, start_secs: u64) -> OwnServer {
+        let port = free_port();
         let dir = std::env::temp_dir().join(unique(&format!("rs-{program}-")));
         std::fs::create_dir_all(&dir).unwrap();
-        let server = OwnServer {
-            child: spawn(program, args, port, &dir),
+        let mut server = OwnServer {
+            child: None,
             program,
-            args,
+            launch,
             port,
             dir,
+            start_secs,
         };
-        server.wait_up().await;
+        server.start_again().await;
         server
     }
 
     async fn wait_up(&self) {
         let port = self.port;
         until(
-            10,
+            self.start_secs,
             &format!("the test's {} accepts connections", self.program),
             || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
         )
         .await;
     }
 
+    /// `kill -9` of the server (its whole process group), by its pid.
+    pub async fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        kill_group(&child);
+        let _ = child.wait();
+        let port = self.port;
+        until(10, "the killed server's port to close", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        })
+        .await;
+    }
+
+    /// Starts the server again on the same port and directory.
+    pub async fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the server is running");
+        let mut command = (self.launch)(self.port, &self.dir);
+        use std::os::unix::process::CommandExt;
+        let child = command
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| {
+                panic!(
+                    "cannot run {} ({err}); install it: apt-get install {}",
+                    self.program, self.program
+                )
+            });
+        self.child = Some(child);
+        self.wait_up().await;
+    }
+
     /// Kills the server and starts it again on the same port and directory.
     pub async fn restart(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        self.child = spawn(self.program, self.args, self.port, &self.dir);
-        self.wait_up().await;
+        self.kill().await;
+        self.start_again().await;
+    }
+
+    /// Kills the server, keeps it down for `downtime`, and starts it again.
+    pub async fn down_for(&mut self, downtime: Duration) {
+        self.kill().await;
+        tokio::time::sleep(downtime).await;
+        self.start_again().await;
     }
 }
 
-fn spawn(program: &'static str, args: Args, port: u16, dir: &Path) -> Child {
-    let port = port.to_string();
-    let mut argv: Vec<OsString> = args
-        .iter()
-        .map(|arg| arg.replace("{port}", &port).into())
-        .collect();
-    argv.push(dir.into());
-    Command::new(program)
-        .args(argv)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|err| {
-            panic!("cannot run {program} ({err}); install it: apt-get install {program}")
-        })
+/// SIGKILL to the process group the server leads (a RabbitMQ node's
+/// script and its Erlang VM, say).
+fn kill_group(child: &Child) {
+    let group = format!("-{}", child.id());
+    let killed = Command::new("kill").args(["-9", "--", &group]).status();
+    if !killed.is_ok_and(|status| status.success()) {
+        let _ = Command::new("kill")
+            .args(["-9", &child.id().to_string()])
+            .status();
+    }
 }
 
 impl Drop for OwnServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            kill_group(&child);
+            let _ = child.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer, stream};
-use futures_util::StreamExt;
 use tokio::time::Instant;
 
+use super::durable;
+use super::given_up::{self, GivenUp};
+use super::pull::Puller;
 use super::{NatsBroker, convert};
 use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Broker, Delivery, Requester, RetryAfter, SubscribeOptions, Subscription};
@@ -37,6 +39,7 @@ pub struct StreamSpec {
     max_deliver: i64,
     pull_window: usize,
     pull_expires: Duration,
+    inactive_threshold: Duration,
 }
 
 impl StreamSpec {
@@ -53,6 +56,7 @@ impl StreamSpec {
             max_deliver: -1,
             pull_window: 64,
             pull_expires: Duration::from_secs(5),
+            inactive_threshold: Duration::ZERO,
         }
     }
 
@@ -74,8 +78,14 @@ impl StreamSpec {
         self
     }
 
-    /// Deliveries per message before the server gives up on it (default:
-    /// unlimited; the subscriber's `max_attempts` rejects sooner).
+    /// Deliveries per message before the server gives up on it. By default
+    /// a subscriber's consumer gets its `max_attempts` + 1: the runtime
+    /// dead-letters a message at that last delivery before the handler
+    /// runs ("attempts exhausted"), so a handler that takes the process
+    /// down every time ends in the dead letter. A message the server gives
+    /// up on (the last delivery got lost too, or the client cannot read the
+    /// message) is dead-lettered from the server's advisory, by its stream
+    /// sequence. Set here, it applies to every consumer of the stream.
     pub fn max_deliver(mut self, deliveries: i64) -> Self {
         self.max_deliver = deliveries;
         self
@@ -91,6 +101,18 @@ impl StreamSpec {
     /// How long one pull stays open waiting for messages (default 5 s).
     pub fn pull_expires(mut self, expires: Duration) -> Self {
         self.pull_expires = expires;
+        self
+    }
+
+    /// Delete a queue group's durable consumer after it has had no member
+    /// pulling for this long (default: never — the durable is the group's
+    /// place in the stream and survives any downtime). Should it be
+    /// deleted, the next member recreates it from the ack floor members
+    /// checkpoint (at least twice per threshold), not from the start of
+    /// the stream. Fan-out subscriptions' own consumers always go five
+    /// minutes after their subscription.
+    pub fn inactive_threshold(mut self, threshold: Duration) -> Self {
+        self.inactive_threshold = threshold;
         self
     }
 }
@@ -234,15 +256,15 @@ fn consumer_name(group: &str) -> String {
 /// A JetStream pull subscription.
 pub struct JetStreamSubscription {
     subjects: convert::SubjectCache,
-    consumer: consumer::PullConsumer,
+    puller: Puller,
     batch: Option<consumer::pull::Batch>,
-    window: usize,
-    expires: Duration,
     flow: Option<Arc<PullFlow>>,
     shared: Arc<Shared>,
     /// The read-ahead of one that [`ready`](Subscription::ready) waits
     /// for: received, not yet handed to the runtime.
     ahead: Option<JetStreamDelivery>,
+    /// Dead-letters what the server gives up on, while this lives.
+    _given_up: GivenUp,
 }
 
 struct Shared {
@@ -269,32 +291,63 @@ impl JetStreamSubscription {
             filter_subject: options.subject.as_str().to_owned(),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: spec.ack_wait,
-            max_deliver: spec.max_deliver,
-            inactive_threshold: Duration::from_secs(300),
+            max_deliver: match (spec.max_deliver, options.max_deliveries) {
+                // One delivery more than the attempts: the runtime
+                // dead-letters a message at it (attempts exhausted).
+                (..=0, Some(attempts)) => i64::from(attempts) + 1,
+                (deliveries, _) => deliveries,
+            },
+            inactive_threshold: match options.queue_group {
+                Some(_) => spec.inactive_threshold,
+                None => FAN_OUT_INACTIVE,
+            },
             ..Default::default()
         };
-        let consumer = match &config.durable_name {
-            Some(name) => stream.get_or_create_consumer(name, config.clone()).await,
-            None => stream.create_consumer(config).await,
-        }
-        .map_err(|err| {
-            Error::Transport(format!("JetStream consumer on `{}`: {err}", options.subject).into())
-        })?;
+        let (consumer, checkpoints) = match config.durable_name {
+            Some(_) => {
+                let (consumer, checkpoints) = durable::open(&js.context, &stream, config).await?;
+                (consumer, Some(checkpoints))
+            }
+            None => {
+                let consumer = stream.create_consumer(config).await.map_err(|err| {
+                    Error::Transport(
+                        format!("JetStream consumer on `{}`: {err}", options.subject).into(),
+                    )
+                })?;
+                (consumer, None)
+            }
+        };
+        let given_up = given_up::watch(
+            &js.nats,
+            &js.context,
+            &spec.name,
+            &consumer.cached_info().name,
+            options.dead_letter.clone(),
+        )
+        .await?;
         Ok(JetStreamSubscription {
             ahead: None,
             subjects: convert::SubjectCache::default(),
-            consumer,
+            puller: Puller::new(
+                consumer,
+                js.nats.client.clone(),
+                js.nats.reconnects.watch(),
+                (spec.pull_window, spec.pull_expires, spec.ack_wait),
+                checkpoints,
+            ),
             batch: None,
-            window: spec.pull_window,
-            expires: spec.pull_expires,
             flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
             shared: Arc::new(Shared {
                 nats: js.nats.clone(),
                 dead_letter: options.dead_letter,
             }),
+            _given_up: given_up,
         })
     }
 }
+
+/// How long a fan-out subscription's ephemeral consumer outlives it.
+const FAN_OUT_INACTIVE: Duration = Duration::from_secs(300);
 
 impl Subscription for JetStreamSubscription {
     type Delivery = JetStreamDelivery;
@@ -325,13 +378,7 @@ impl Subscription for JetStreamSubscription {
             let batch = match &mut self.batch {
                 Some(batch) => batch,
                 None => {
-                    let pull = self
-                        .consumer
-                        .batch()
-                        .max_messages(self.window)
-                        .expires(self.expires)
-                        .messages()
-                        .await;
+                    let pull = self.puller.pull().await;
                     match pull {
                         Ok(batch) => self.batch.insert(batch),
                         Err(err) => {
@@ -341,7 +388,7 @@ impl Subscription for JetStreamSubscription {
                     }
                 }
             };
-            match batch.next().await {
+            match self.puller.next(batch).await {
                 Some(Ok(message)) => {
                     return Some(JetStreamDelivery::new(
                         message,
@@ -376,8 +423,16 @@ async fn pull_failed(err: &(dyn std::fmt::Display + Sync), backoff: &mut Duratio
     *backoff = (*backoff * 2).min(Duration::from_secs(1));
 }
 
+/// How soon a delivery dropped unsettled comes back. Not at once: an
+/// immediate nak can be handed straight back to the pull of the
+/// subscription that is going away, and nats-server (seen with 2.9.10) then
+/// takes that delivery back and forgets the earlier one, so the next
+/// consumer would see attempt 1 for a message delivered twice. A nak with
+/// a delay goes through the server's redelivery timer and keeps the count.
+const UNSETTLED_REDELIVERY: Duration = Duration::from_millis(50);
+
 /// A delivery from a JetStream pull consumer. Dropped unsettled, it is
-/// nak'ed so the server redelivers it at once, not only after `ack_wait`.
+/// nak'ed so the server redelivers it soon, not only after `ack_wait`.
 pub struct JetStreamDelivery {
     env: Envelope,
     acker: Option<jetstream::message::Acker>,
@@ -483,11 +538,12 @@ impl Drop for JetStreamDelivery {
             return;
         };
         // Unsettled (a handler aborted by the shutdown timeout, a dropped
-        // consumer): ask for redelivery now. Without a runtime the server
+        // consumer): ask for redelivery soon. Without a runtime the server
         // redelivers after `ack_wait` anyway.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(err) = acker.ack_with(AckKind::Nak(None)).await {
+                let nak = AckKind::Nak(Some(UNSETTLED_REDELIVERY));
+                if let Err(err) = acker.ack_with(nak).await {
                     tracing::debug!(error = %err, "nak of an unsettled JetStream delivery failed");
                 }
             });

@@ -36,7 +36,11 @@
 
 mod convert;
 mod core;
+mod durable;
+mod given_up;
 mod jetstream;
+mod pull;
+mod reconnects;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -59,6 +63,7 @@ pub struct NatsBroker {
     client: Client,
     publish_timeout: Duration,
     closed: Arc<AtomicBool>,
+    reconnects: reconnects::Reconnects,
 }
 
 impl std::fmt::Debug for NatsBroker {
@@ -149,7 +154,9 @@ impl NatsBrokerBuilder {
     /// Client settings the builder has no method for — credentials, TLS,
     /// reconnect policy — applied to the client's
     /// [`ConnectOptions`](async_nats::ConnectOptions) after the builder's
-    /// own (`ruststream::nats::async_nats` is the client crate).
+    /// own (`ruststream::nats::async_nats` is the client crate). Leave the
+    /// event callback to the builder: JetStream subscriptions learn from it
+    /// that the connection came back, and pull again at once.
     ///
     /// ```no_run
     /// use ruststream::nats::NatsBroker;
@@ -173,10 +180,16 @@ impl NatsBrokerBuilder {
     /// unreachable server, or one that refuses the credentials, is an
     /// [`Error::Transport`] naming the address.
     pub async fn connect(self, url: &str) -> Result<NatsBroker> {
+        let reconnects = reconnects::Reconnects::default();
+        let observed = reconnects.clone();
         let mut options = ConnectOptions::new()
             .subscription_capacity(self.subscription_capacity)
             .connection_timeout(self.connection_timeout)
-            .event_callback(|event| async move { connection_event(event) });
+            .event_callback(move |event| {
+                observed.observe(&event);
+                connection_event(event);
+                std::future::ready(())
+            });
         if let Some(name) = self.name {
             options = options.name(name);
         }
@@ -190,6 +203,7 @@ impl NatsBrokerBuilder {
             client,
             publish_timeout: self.publish_timeout,
             closed: Arc::new(AtomicBool::new(false)),
+            reconnects,
         })
     }
 }

@@ -32,6 +32,8 @@ pub struct RabbitSubscription {
     queue: String,
     prefetch: u16,
     consumer: Consumer,
+    /// A redelivery received, waiting for the acks before it to go out.
+    held: Option<lapin::message::Delivery>,
     flow: Option<Arc<Flow>>,
     shared: Arc<Shared>,
     /// The read-ahead of one that [`ready`](Subscription::ready) waits
@@ -130,6 +132,7 @@ impl RabbitSubscription {
             channel,
             prefetch: broker.inner.settings.prefetch,
             consumer: Consumer::NotStarted,
+            held: None,
             flow: options.receive_flow.then(|| {
                 Arc::new(Flow {
                     gate: PullFlow::default(),
@@ -189,6 +192,24 @@ impl RabbitSubscription {
             Consumer::Ready(consumer) => Ok(consumer),
             _ => unreachable!("started above"),
         }
+    }
+
+    /// A received delivery, handed out; a redelivery only once the acks of
+    /// the deliveries before it are out: should it take the process down
+    /// again, they stay acked. It waits in `held` meanwhile, so a `next`
+    /// cancelled then loses nothing.
+    async fn hand_out(&mut self, delivery: lapin::message::Delivery) -> RabbitDelivery {
+        let delivery = if delivery.redelivered {
+            self.held = Some(delivery);
+            if let Err(err) = self.shared.acks.flush().await {
+                tracing::debug!(queue = %self.queue, error = %err, "RabbitMQ ack flush before a redelivery failed");
+            }
+            self.held.take().expect("held above")
+        } else {
+            delivery
+        };
+        let epoch = self.shared.acks.delivered(delivery.delivery_tag);
+        RabbitDelivery::new(delivery, epoch, &self.shared)
     }
 
     /// The channel broke under the consumer: the deliveries it held go back
@@ -291,6 +312,11 @@ impl Subscription for RabbitSubscription {
         if let Some(flow) = &self.flow {
             flow.gate.running().await;
         }
+        if let Some(held) = self.held.take()
+            && held.acker.usable()
+        {
+            return Some(self.hand_out(held).await);
+        }
         loop {
             let next = match self.consumer().await {
                 Ok(consumer) => consumer.next().await?,
@@ -300,10 +326,7 @@ impl Subscription for RabbitSubscription {
                 // Read from the buffer of a channel that has since broken:
                 // the broker requeued it already, so it comes back.
                 Ok(delivery) if !delivery.acker.usable() => continue,
-                Ok(delivery) => {
-                    let epoch = self.shared.acks.delivered(delivery.delivery_tag);
-                    return Some(RabbitDelivery::new(delivery, epoch, &self.shared));
-                }
+                Ok(delivery) => return Some(self.hand_out(delivery).await),
                 Err(err) => {
                     if !self.recover(err).await {
                         return None;
@@ -379,9 +402,21 @@ pub(super) fn envelope(delivery: lapin::message::Delivery, own_queue: Option<&st
                 attempt = attempt.max(count(value).saturating_add(1));
                 continue;
             }
-            let Some(value) = text(value) else { continue };
+            let Some(value) = text(value) else {
+                if matches!(value, AMQPValue::LongString(_)) {
+                    crate::metrics::unreadable_header("rabbitmq", &subject, name.as_str());
+                }
+                continue;
+            };
             match name.as_str() {
-                // The broker's dead-lettering bookkeeping, not the sender's.
+                // Why the broker itself dead-lettered it (a quorum queue's
+                // delivery limit, say): the reason, unless the runtime gave
+                // one.
+                "x-first-death-reason" if message.headers().get(header::ERROR).is_none() => {
+                    let reason = format!("dead-lettered by the broker: {value}");
+                    message = message.with_header(header::ERROR, reason);
+                }
+                // The rest of the broker's bookkeeping, not the sender's.
                 name if name.starts_with("x-first-death-") || name.starts_with("x-last-death-") => {
                 }
                 KEY => message = message.with_key(value),

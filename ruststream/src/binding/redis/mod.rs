@@ -10,7 +10,7 @@
 //!   demand, starting at new entries.
 //! * `ack` is `XACK`. `nack` leaves the entry pending: after
 //!   [`claim_idle`](RedisBrokerBuilder::claim_idle) a live member claims it
-//!   (`XAUTOCLAIM`) with the delivery count from the pending entries list as
+//!   (`XPENDING … IDLE`, `XCLAIM`) with the delivery count from the pending entries list as
 //!   its attempt — the same path that rescues the pending entries of a
 //!   crashed consumer. `reject` is `XACK` plus a copy, with the reason, on
 //!   the dead-letter stream, in one `MULTI`.
@@ -22,8 +22,9 @@
 //!   a pub/sub message on it, delivered straight to the caller by the
 //!   broker's inbox (one `PSUBSCRIBE`), never through a stream (JQ-6).
 //!
-//! No wildcards: a stream key is exact.
+//! No wildcards: a stream key is exact. Needs Redis 6.2 or later.
 
+mod entry;
 mod reply;
 mod subscription;
 
@@ -302,16 +303,21 @@ impl RedisBroker {
         Ok(())
     }
 
-    /// The `XADD` of `message` to `stream`.
-    fn xadd(&self, stream: &str, message: &Message) -> redis::Cmd {
+    /// An `XADD` to `stream` (trimmed where `maxlen` says), fields to follow.
+    fn xadd_to(&self, stream: &str) -> redis::Cmd {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(stream);
         if let Some(maxlen) = self.inner.settings.maxlen {
             cmd.arg("MAXLEN").arg("~").arg(maxlen);
         }
-        cmd.arg("*")
-            .arg(field::PAYLOAD)
-            .arg(message.payload().as_ref());
+        cmd.arg("*");
+        cmd
+    }
+
+    /// The `XADD` of `message` to `stream`.
+    fn xadd(&self, stream: &str, message: &Message) -> redis::Cmd {
+        let mut cmd = self.xadd_to(stream);
+        cmd.arg(field::PAYLOAD).arg(message.payload().as_ref());
         if let Some(key) = message.key() {
             cmd.arg(field::KEY).arg(key.as_str());
         }

@@ -8,15 +8,16 @@ use std::time::Duration;
 
 use redis::Value;
 use redis::aio::ConnectionManager;
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
+use redis::streams::StreamPendingCountReply;
 use tokio::time::Instant;
 
+use super::entry::{self, Entry};
 use super::{RedisBroker, field, transport};
 use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Delivery, SubscribeOptions, Subscription};
 use crate::ingress::{JobPermit, JobQueue, ReceiveFlow};
 use crate::message::header;
-use crate::{Envelope, Error, Message, Result, Text};
+use crate::{Envelope, Error, Result, Text};
 
 static NEXT_CONSUMER: AtomicU64 = AtomicU64::new(1);
 
@@ -30,9 +31,11 @@ pub struct RedisSubscription {
     /// Read records, each with the job permit it was asked for under
     /// (`None` for the first of a read: the read-ahead of one that `ready`
     /// waits for, taken by the runtime with a permit of its own).
-    buffer: VecDeque<(StreamId, u32, Option<JobPermit>)>,
+    buffer: VecDeque<(Entry, u32, Option<JobPermit>)>,
     jobs: Option<Arc<JobQueue>>,
     last_claim: Instant,
+    /// Where the next claim goes on scanning the pending entries.
+    claim_cursor: String,
     /// A fan-out subscription's group is its own: destroyed when it drops.
     own_group: bool,
     /// The read-ahead of one that [`ready`](Subscription::ready) waits
@@ -89,6 +92,7 @@ impl RedisSubscription {
             buffer: VecDeque::new(),
             jobs: None,
             last_claim: Instant::now(),
+            claim_cursor: START.to_owned(),
             own_group,
             shared: Arc::new(Shared {
                 broker,
@@ -102,46 +106,71 @@ impl RedisSubscription {
 
     /// Claims entries pending longer than `claim_idle` (nacked, or held by a
     /// consumer that went away), with their delivery counts as attempts.
+    ///
+    /// Pages are as large as reads: one record plus one per extra permit
+    /// (JQ-7). A full page means more may be waiting — a crashed consumer's
+    /// backlog — so the next call claims on at once from where this one
+    /// stopped, and a takeover runs at read speed. An entry delivered
+    /// twice already without being settled is claimed alone: if it takes
+    /// the process down again, nothing else goes down with it (and counts
+    /// a delivery for it).
     async fn claim(&mut self) -> redis::RedisResult<()> {
         let settings = &self.shared.broker.inner.settings;
         let idle = settings.claim_idle.as_millis() as u64;
+        let (count, permits) = self.read_size();
         // Acks still buffered go first: an acked entry is never claimed.
         let mut pipe = redis::pipe();
         self.shared.broker.take_acks(&mut pipe);
-        pipe.cmd("XAUTOCLAIM")
+        pipe.cmd("XPENDING")
+            .arg(&self.shared.stream)
+            .arg(&self.shared.group)
+            .arg("IDLE")
+            .arg(idle)
+            .arg(&self.claim_cursor)
+            .arg("+")
+            .arg(count);
+        let (pending,): (StreamPendingCountReply,) = pipe.query_async(&mut self.reader).await?;
+        let take: &[_] = match pending.ids.split_first() {
+            None => &[],
+            Some((first, _)) if first.times_delivered >= 2 => std::slice::from_ref(first),
+            Some(_) => {
+                let fresh = pending.ids.iter().take_while(|p| p.times_delivered < 2);
+                &pending.ids[..fresh.count()]
+            }
+        };
+        let more = take.len() < pending.ids.len() || pending.ids.len() >= count;
+        self.claim_cursor = match take.last() {
+            Some(last) if more => format!("({}", last.id),
+            _ => START.to_owned(),
+        };
+        if more {
+            self.last_claim = Instant::now()
+                .checked_sub(claim_every(settings.claim_idle))
+                .unwrap_or(self.last_claim);
+        }
+        if take.is_empty() {
+            return Ok(());
+        }
+        let attempts: HashMap<&str, usize> = take
+            .iter()
+            .map(|p| (p.id.as_str(), p.times_delivered + 1))
+            .collect();
+        let claimed: Value = redis::cmd("XCLAIM")
             .arg(&self.shared.stream)
             .arg(&self.shared.group)
             .arg(&self.consumer)
             .arg(idle)
-            .arg("0-0")
-            .arg("COUNT")
-            .arg(settings.read_count);
-        let (claimed,): (StreamAutoClaimReply,) = pipe.query_async(&mut self.reader).await?;
-        if claimed.claimed.is_empty() {
-            return Ok(());
-        }
-        let pending: StreamPendingCountReply = redis::cmd("XPENDING")
-            .arg(&self.shared.stream)
-            .arg(&self.shared.group)
-            .arg("-")
-            .arg("+")
-            .arg(settings.read_count * 4)
-            .arg(&self.consumer)
+            .arg(take.iter().map(|p| p.id.as_str()).collect::<Vec<_>>())
             .query_async(&mut self.reader)
             .await?;
-        let counts: HashMap<&str, usize> = pending
-            .ids
-            .iter()
-            .map(|p| (p.id.as_str(), p.times_delivered))
+        let claimed = entry::entries(claimed)
+            .into_iter()
+            .map(|entry| {
+                let attempt = attempts.get(entry.id.as_str()).copied().unwrap_or(2);
+                (entry, u32::try_from(attempt).unwrap_or(u32::MAX))
+            })
             .collect();
-        for entry in claimed.claimed {
-            let attempt = counts.get(entry.id.as_str()).copied().unwrap_or(2);
-            let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
-            // Claims are bounded by read_count like reads; they are rare
-            // (nacks, crashed consumers), so they carry no extra permits.
-            self.buffer.push_back((entry, attempt, None));
-        }
-        Ok(())
+        self.take(claimed, permits).await
     }
 
     /// Permits for a read beyond the first record: as many as are free now
@@ -157,22 +186,27 @@ impl RedisSubscription {
             .collect()
     }
 
+    /// How many records one read or claim asks for, with the extra permits
+    /// that cover them: `read_count` without a job queue, else one (the
+    /// runtime's permit) plus one per permit free now.
+    fn read_size(&self) -> (usize, Vec<JobPermit>) {
+        if self.jobs.is_none() {
+            return (self.shared.broker.inner.settings.read_count, Vec::new());
+        }
+        let permits = self.extra_permits();
+        (permits.len() + 1, permits)
+    }
+
     /// Reads new entries. With the app's job queue, a read asks for one
     /// record (the read-ahead the runtime takes with a permit of its own)
     /// plus one per extra permit it could take now, and only a read that
-    /// asks for one record blocks: extra permits
-    /// are never held while waiting for data, so other subscriptions are
-    /// not starved of them.
+    /// asks for one record blocks: extra permits are never held while
+    /// waiting for data, so other subscriptions are not starved of them.
     async fn read(&mut self) -> redis::RedisResult<()> {
-        let settings = &self.shared.broker.inner.settings;
-        let permits = self.extra_permits();
-        if self.jobs.is_none() {
-            return self.read_count(settings.read_count, true, Vec::new()).await;
+        let (count, permits) = self.read_size();
+        if self.jobs.is_none() || permits.is_empty() {
+            return self.read_count(count, true, permits).await;
         }
-        if permits.is_empty() {
-            return self.read_count(1, true, permits).await;
-        }
-        let count = permits.len() + 1;
         self.read_count(count, false, permits).await?;
         if self.buffer.is_empty() {
             // Nothing waiting: block for one, holding no extra permit.
@@ -185,7 +219,7 @@ impl RedisSubscription {
         &mut self,
         count: usize,
         block: bool,
-        mut permits: Vec<JobPermit>,
+        permits: Vec<JobPermit>,
     ) -> redis::RedisResult<()> {
         let settings = &self.shared.broker.inner.settings;
         // Buffered acks ride along in the same round trip.
@@ -202,20 +236,92 @@ impl RedisSubscription {
             read.arg("BLOCK").arg(settings.block.as_millis() as u64);
         }
         read.arg("STREAMS").arg(&self.shared.stream).arg(">");
-        let (reply,): (Option<StreamReadReply>,) = pipe.query_async(&mut self.reader).await?;
-        for (i, entry) in reply
+        let (reply,): (Value,) = pipe.query_async(&mut self.reader).await?;
+        let read = entry::read_reply(reply)
             .into_iter()
-            .flat_map(|r| r.keys)
-            .flat_map(|key| key.ids)
-            .enumerate()
-        {
-            let permit = if i == 0 { None } else { permits.pop() };
-            self.buffer.push_back((entry, 1, permit));
-        }
-        // Permits for records that did not come go back now.
-        drop(permits);
-        Ok(())
+            .map(|e| (e, 1))
+            .collect();
+        self.take(read, permits).await
     }
+
+    /// Buffers what a read or claim brought, each record with a permit
+    /// (the first without: the runtime's permit covers it); permits for
+    /// records that did not come go back. A malformed entry is never
+    /// buffered: it is dead-lettered here, and its neighbours are not
+    /// held up by it.
+    async fn take(
+        &mut self,
+        entries: Vec<(Entry, u32)>,
+        mut permits: Vec<JobPermit>,
+    ) -> redis::RedisResult<()> {
+        let mut malformed = Vec::new();
+        let mut first = true;
+        for (entry, attempt) in entries {
+            if let Some(reason) = entry.malformed() {
+                malformed.push((entry, attempt, reason));
+                continue;
+            }
+            let permit = if first { None } else { permits.pop() };
+            first = false;
+            self.buffer.push_back((entry, attempt, permit));
+        }
+        drop(permits);
+        if malformed.is_empty() {
+            return Ok(());
+        }
+        self.dead_letter_malformed(malformed).await
+    }
+
+    /// JQ-13 for entries no handler can be given: each is copied as it is,
+    /// with the reason, its id, the original subject and the attempt, to the
+    /// dead-letter stream (or dropped with a warning without one), and
+    /// acked — all in one `MULTI`. If that fails the entries stay pending
+    /// and come back through a claim.
+    async fn dead_letter_malformed(
+        &mut self,
+        malformed: Vec<(Entry, u32, String)>,
+    ) -> redis::RedisResult<()> {
+        let shared = &self.shared;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let mut ids = Vec::with_capacity(malformed.len());
+        for (entry, attempt, reason) in malformed {
+            crate::metrics::malformed(&shared.subject);
+            crate::metrics::rejected(&shared.subject);
+            tracing::warn!(stream = %shared.stream, id = %entry.id, reason, "malformed Redis entry refused before the handler");
+            if let Some(dead_letter) = &shared.dead_letter {
+                let mut copy = shared.broker.xadd_to(dead_letter);
+                for (name, value) in &entry.fields {
+                    copy.arg(name.as_slice()).arg(value.as_slice());
+                }
+                let header = |name: &str| format!("{}{name}", field::HEADER);
+                copy.arg(header(header::ERROR))
+                    .arg(&reason)
+                    .arg(header(header::ORIGINAL_SUBJECT))
+                    .arg(shared.subject.as_str())
+                    .arg(header(header::ATTEMPT))
+                    .arg(attempt)
+                    .arg(header(header::ORIGINAL_ID))
+                    .arg(&entry.id);
+                pipe.add_command(copy).ignore();
+            }
+            ids.push(entry.id);
+        }
+        pipe.cmd("XACK")
+            .arg(&shared.stream)
+            .arg(&shared.group)
+            .arg(ids)
+            .ignore();
+        pipe.query_async::<()>(&mut self.reader).await
+    }
+}
+
+/// The start of the pending entries list.
+const START: &str = "-";
+
+/// How often a subscription looks for entries to claim.
+fn claim_every(claim_idle: Duration) -> Duration {
+    (claim_idle / 2).max(Duration::from_millis(20))
 }
 
 impl Subscription for RedisSubscription {
@@ -252,15 +358,15 @@ impl Subscription for RedisSubscription {
                 return None;
             }
             if let Some((entry, attempt, permit)) = self.buffer.pop_front() {
-                // The runtime holds a permit for this record now.
+                // Handed out: its permit goes back, and the runtime takes
+                // one of its own before it takes the record.
                 drop(permit);
                 return Some(RedisDelivery::new(entry, attempt, &self.shared));
             }
             if let Some(flow) = &self.flow {
                 flow.running().await;
             }
-            let claim_every =
-                (self.shared.broker.inner.settings.claim_idle / 2).max(Duration::from_millis(20));
+            let claim_every = claim_every(self.shared.broker.inner.settings.claim_idle);
             let result = if self.last_claim.elapsed() >= claim_every {
                 self.last_claim = Instant::now();
                 self.claim().await
@@ -304,42 +410,9 @@ pub struct RedisDelivery {
     shared: Arc<Shared>,
 }
 
-fn text(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
 impl RedisDelivery {
-    fn new(entry: StreamId, attempt: u32, shared: &Arc<Shared>) -> Self {
-        let StreamId { id, map, .. } = entry;
-        let mut payload = bytes::Bytes::new();
-        let mut message_fields = Vec::new();
-        for (name, value) in map {
-            if name == field::PAYLOAD {
-                if let Value::BulkString(bytes) = value {
-                    payload = bytes::Bytes::from(bytes);
-                }
-            } else {
-                message_fields.push((name, value));
-            }
-        }
-        let mut message = Message::new(payload);
-        for (name, value) in message_fields {
-            let Some(value) = text(&value) else { continue };
-            match name.as_str() {
-                field::KEY => message = message.with_key(value),
-                field::CORRELATION_ID => message = message.with_correlation_id(value),
-                field::REPLY_TO => message = message.with_reply_to(value),
-                other => {
-                    if let Some(header) = other.strip_prefix(field::HEADER) {
-                        message = message.with_header(header, value);
-                    }
-                }
-            }
-        }
+    fn new(entry: Entry, attempt: u32, shared: &Arc<Shared>) -> Self {
+        let (id, message) = entry.into_message(&shared.stream);
         RedisDelivery {
             env: Envelope::new(shared.subject.clone(), message).with_attempt(attempt),
             id,
