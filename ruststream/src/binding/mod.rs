@@ -194,6 +194,29 @@ pub trait Subscription: Send + 'static {
     }
 }
 
+/// [`Subscription::ready`] and [`Subscription::try_next`] for a binding
+/// that cannot tell "a delivery is waiting" without receiving it: `ready`
+/// receives one delivery (through the binding's own `next`) into the
+/// subscription's `ahead` slot, `try_next` hands it out, and `next` must
+/// look there first.
+#[cfg(any(feature = "nats", feature = "redis", feature = "rabbitmq"))]
+macro_rules! read_ahead_of_one {
+    ($delivery:ty) => {
+        async fn ready(&mut self) -> bool {
+            if self.ahead.is_none() {
+                self.ahead = $crate::binding::Subscription::next(self).await;
+            }
+            self.ahead.is_some()
+        }
+
+        fn try_next(&mut self) -> Option<$delivery> {
+            self.ahead.take()
+        }
+    };
+}
+#[cfg(any(feature = "nats", feature = "redis", feature = "rabbitmq"))]
+pub(crate) use read_ahead_of_one;
+
 /// One received message, not yet settled.
 ///
 /// Settlement methods take `self`: settling twice does not compile. A delivery

@@ -88,16 +88,7 @@ impl NatsSubscription {
 impl Subscription for NatsSubscription {
     type Delivery = NatsDelivery;
 
-    async fn ready(&mut self) -> bool {
-        if self.ahead.is_none() {
-            self.ahead = Subscription::next(self).await;
-        }
-        self.ahead.is_some()
-    }
-
-    fn try_next(&mut self) -> Option<NatsDelivery> {
-        self.ahead.take()
-    }
+    crate::binding::read_ahead_of_one!(NatsDelivery);
 
     async fn next(&mut self) -> Option<NatsDelivery> {
         if let Some(delivery) = self.ahead.take() {

@@ -352,16 +352,7 @@ const FAN_OUT_INACTIVE: Duration = Duration::from_secs(300);
 impl Subscription for JetStreamSubscription {
     type Delivery = JetStreamDelivery;
 
-    async fn ready(&mut self) -> bool {
-        if self.ahead.is_none() {
-            self.ahead = Subscription::next(self).await;
-        }
-        self.ahead.is_some()
-    }
-
-    fn try_next(&mut self) -> Option<JetStreamDelivery> {
-        self.ahead.take()
-    }
+    crate::binding::read_ahead_of_one!(JetStreamDelivery);
 
     async fn next(&mut self) -> Option<JetStreamDelivery> {
         if let Some(delivery) = self.ahead.take() {

@@ -291,16 +291,7 @@ fn text(value: &AMQPValue) -> Option<String> {
 impl Subscription for RabbitSubscription {
     type Delivery = RabbitDelivery;
 
-    async fn ready(&mut self) -> bool {
-        if self.ahead.is_none() {
-            self.ahead = Subscription::next(self).await;
-        }
-        self.ahead.is_some()
-    }
-
-    fn try_next(&mut self) -> Option<RabbitDelivery> {
-        self.ahead.take()
-    }
+    crate::binding::read_ahead_of_one!(RabbitDelivery);
 
     async fn next(&mut self) -> Option<RabbitDelivery> {
         if let Some(delivery) = self.ahead.take() {

@@ -337,16 +337,7 @@ impl Subscription for RedisSubscription {
         self.jobs = Some(Arc::clone(jobs));
     }
 
-    async fn ready(&mut self) -> bool {
-        if self.ahead.is_none() {
-            self.ahead = Subscription::next(self).await;
-        }
-        self.ahead.is_some()
-    }
-
-    fn try_next(&mut self) -> Option<RedisDelivery> {
-        self.ahead.take()
-    }
+    crate::binding::read_ahead_of_one!(RedisDelivery);
 
     async fn next(&mut self) -> Option<RedisDelivery> {
         if let Some(delivery) = self.ahead.take() {
