@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
-use crate::app::AppHandle;
+use crate::host::AppHandle;
 use crate::tasks::FollowUps;
 use crate::{Envelope, Error, Headers, Text};
 

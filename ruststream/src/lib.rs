@@ -42,10 +42,13 @@ mod codec;
 mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod coop;
 mod ctx;
 mod error;
 mod exec;
+mod host;
 pub mod ingress;
+mod key;
 mod message;
 mod meta_box;
 pub mod metrics;
@@ -65,7 +68,7 @@ mod loom_models;
 pub mod __private;
 
 pub use accept::{AcceptLayer, Verdict};
-pub use app::{App, AppHandle, BoundSubscriber, IntoSubscriber, NoBroker, RunningApp};
+pub use app::{App, BoundSubscriber, IntoSubscriber, NoBroker, RunningApp};
 pub use binding::memory::{
     MemoryBroker, MemoryBrokerBuilder, MemoryDelivery, MemorySubscription, QueueStats,
     ROUND_RECORDS, ReceiveRound,
@@ -84,7 +87,8 @@ pub use codec::{Codec, Json};
 pub use config::{CoreHwm, CoreHwmProfile};
 pub use ctx::{Ctx, CtxRuntime, Here, MainRuntime};
 pub use error::{BoxError, Error, HandlerError, Result};
-pub use exec::key_hash;
+pub use host::AppHandle;
+pub use key::key_hash;
 pub use message::{Envelope, FRAME_OVERHEAD, Headers, Message, header};
 pub use publish::{Publish, reply_result};
 pub use publisher::Publisher;

@@ -351,4 +351,25 @@ impl Envelope {
     pub fn frame_bytes(&self) -> usize {
         self.message.byte_len() + FRAME_OVERHEAD
     }
+
+    /// The copy a `retry_after` publishes: the attempts made so far counted
+    /// (a copy a shutdown published early was never handled, and adds
+    /// none), and the delay it still has to wait, if any.
+    pub(crate) fn retry_copy(&self, remaining: std::time::Duration) -> Message {
+        let made = if self.retry_delay().is_none() {
+            self.attempt()
+        } else {
+            0
+        };
+        let retries = self.retries() + made;
+        let mut message = self.message().clone();
+        let headers = message.headers_mut();
+        headers.insert(header::RETRIES, retries.to_string());
+        if remaining.is_zero() {
+            headers.remove(header::RETRY_DELAY_MS);
+        } else {
+            headers.insert(header::RETRY_DELAY_MS, remaining.as_millis().to_string());
+        }
+        message
+    }
 }

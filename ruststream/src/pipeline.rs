@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::accept::{AcceptLayer, Verdict};
-use crate::app::AppHandle;
 use crate::binding::{Broker, Delivery, RetryAfter};
-use crate::exec::stop::Stop;
+use crate::host::AppHandle;
+use crate::host::Stop;
 use crate::message::header;
 pub(crate) use crate::subscriber::Outcome;
 use crate::subscriber::{Subscriber, SubscriberConfig};

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 pub use bytes::Bytes;
 
-pub use crate::exec::key_hash;
+pub use crate::key::key_hash;
 pub use crate::subscriber::Outcome;
 pub use crate::{__outcome as outcome, Ctx, HandlerError, StateKey, SubscriberConfig};
 
@@ -319,16 +319,6 @@ pub trait MainOutput {
 impl MainOutput for () {
     async fn finish(self, _: RuntimeConfig) -> std::process::ExitCode {
         std::process::ExitCode::SUCCESS
-    }
-}
-
-impl<B: crate::Broker> MainOutput for crate::App<B> {
-    async fn finish(self, config: RuntimeConfig) -> std::process::ExitCode {
-        self.default_shutdown_timeout(config.shutdown_timeout)
-            .run()
-            .await
-            .finish(config)
-            .await
     }
 }
 

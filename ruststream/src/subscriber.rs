@@ -8,8 +8,8 @@ use bytes::Bytes;
 
 use std::sync::{Arc, OnceLock};
 
-use crate::app::AppHandle;
 use crate::ctx::CtxRuntime;
+use crate::host::AppHandle;
 use crate::tasks::FollowUps;
 use crate::{BoxError, Codec, Ctx, Envelope, HandlerError, Text};
 
@@ -375,7 +375,7 @@ pub trait Subscriber: Send + Sync + 'static {
     /// default is the delivery's own key; deliveries without one share a key.
     fn key(&self, body: &Self::Body, envelope: &Envelope) -> u64 {
         let _ = body;
-        crate::exec::key_hash(&envelope.key().map(Text::as_str))
+        crate::key::key_hash(&envelope.key().map(Text::as_str))
     }
 
     /// Runs the handler on a decoded body.

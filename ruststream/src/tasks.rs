@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::app::AppHandle;
 use crate::binding::Broker;
-use crate::message::header;
+use crate::host::AppHandle;
 use crate::{Envelope, Message, Text};
 
 type Continuation = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -103,30 +102,9 @@ pub(crate) fn schedule_retry<B: Broker>(
             () = flush.wait() => {}
         }
         let remaining = due.saturating_duration_since(Instant::now());
-        let message = retry_message(&env, remaining);
+        let message = env.retry_copy(remaining);
         republish(&broker, env.subject(), message).await;
     });
-}
-
-/// The copy a `retry_after` publishes: the attempts made so far counted (a
-/// copy a shutdown published early was never handled, and adds none), and
-/// the delay it still has to wait, if any.
-pub(crate) fn retry_message(env: &Envelope, remaining: Duration) -> Message {
-    let made = if env.retry_delay().is_none() {
-        env.attempt()
-    } else {
-        0
-    };
-    let retries = env.retries() + made;
-    let mut message = env.message().clone();
-    let headers = message.headers_mut();
-    headers.insert(header::RETRIES, retries.to_string());
-    if remaining.is_zero() {
-        headers.remove(header::RETRY_DELAY_MS);
-    } else {
-        headers.insert(header::RETRY_DELAY_MS, remaining.as_millis().to_string());
-    }
-    message
 }
 
 async fn republish<B: Broker>(broker: &B, subject: &Text, message: Message) {

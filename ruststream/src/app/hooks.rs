@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use super::AppHandle;
-use super::register::BoxFuture;
+use crate::binding::erased::BoxFuture;
 use crate::{BoxError, Error, Result};
 
 /// One hook: gets the app handle (for shared state and shutdown requests).

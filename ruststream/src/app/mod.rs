@@ -1,6 +1,5 @@
 //! The application: brokers, subscribers and the runtime that drives them.
 
-mod handle;
 mod hooks;
 mod register;
 mod running;
@@ -8,7 +7,6 @@ mod signal;
 
 use std::sync::Arc;
 
-pub use handle::AppHandle;
 pub use register::{BoundSubscriber, IntoSubscriber};
 pub use running::RunningApp;
 
@@ -16,12 +14,13 @@ use std::any::{Any, TypeId};
 use std::future::Future;
 use std::time::Duration;
 
-use self::handle::{AfterAck, StateMap};
 use self::hooks::Hooks;
-use self::register::{ErasedBroker, StartUnit};
+use self::register::StartUnit;
 use self::running::Parts;
 use crate::accept::AcceptLayer;
 use crate::binding::Broker;
+use crate::binding::erased::ErasedBroker;
+use crate::host::{AfterAck, AppHandle, StateMap};
 use crate::ingress::JobQueueSettings;
 use crate::{BoxError, Error, Result};
 
@@ -284,6 +283,19 @@ impl<B: Broker> App<B> {
                     tracing::warn!("second signal: forcing the shutdown timeout path");
                 }
             })
+            .await
+    }
+}
+
+/// An `App` returned by a `#[ruststream::app]` main runs until a signal or
+/// a shutdown request, with the macro's shutdown timeout unless the app set
+/// its own.
+impl<B: Broker> crate::__private::MainOutput for App<B> {
+    async fn finish(self, config: crate::__private::RuntimeConfig) -> std::process::ExitCode {
+        self.default_shutdown_timeout(config.shutdown_timeout)
+            .run()
+            .await
+            .finish(config)
             .await
     }
 }

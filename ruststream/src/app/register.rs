@@ -1,46 +1,20 @@
 //! Type erasure at registration: each subscriber becomes a [`StartUnit`] whose
-//! loop is compiled for its concrete broker and handler; brokers become
-//! [`ErasedBroker`]s for closing.
+//! loop is compiled for its concrete broker and handler.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
-use super::AppHandle;
 use crate::Result;
 use crate::accept::AcceptLayer;
+use crate::binding::erased::BoxFuture;
 use crate::binding::{Broker, Subscription};
 use crate::exec;
-use crate::exec::stop::Stop;
+use crate::host::{AppHandle, Stop};
 use crate::ingress::SourceRegistration;
 use crate::pipeline::Unit;
 use crate::subscriber::{Mode, SendSubscriber, StateKey, Subscriber, SubscriberConfig};
-
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// A broker as the app sees it after registration.
-pub(crate) trait ErasedBroker: Send + Sync {
-    fn name(&self) -> &'static str;
-    fn close(&self) -> BoxFuture<'_, Result<()>>;
-    /// For typed lookups ([`AppHandle::publisher`]).
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-impl<B: Broker> ErasedBroker for B {
-    fn name(&self) -> &'static str {
-        Broker::name(self)
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
-    fn close(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(Broker::close(self))
-    }
-}
 
 /// What a starting unit gets from the app.
 pub(crate) struct StartContext {

@@ -10,9 +10,10 @@ use tokio::time::Instant;
 
 use super::AppHandle;
 use super::hooks::{self, Hooks};
-use super::register::{ErasedBroker, StartContext, StartUnit};
+use super::register::{StartContext, StartUnit};
 use crate::accept::AcceptLayer;
-use crate::exec::stop::Stop;
+use crate::binding::erased::ErasedBroker;
+use crate::host::Stop;
 use crate::{Error, Result, metrics};
 
 /// A running app: its subscriber loops are live.

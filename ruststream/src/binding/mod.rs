@@ -12,6 +12,7 @@
 //! The per-subscriber loop is generic over these traits: no boxing and no
 //! dynamic dispatch per message.
 
+pub(crate) mod erased;
 pub mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;

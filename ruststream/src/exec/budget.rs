@@ -4,10 +4,7 @@
 //! round trips on every delivery (~66 instructions, a ninth of the
 //! framework's own cost per message then); a counter kept by the loop costs
 //! a decrement. Publishes, which have no loop, sample tokio's per-task
-//! budget instead ([`poll_publish`]).
-
-use std::cell::Cell;
-use std::task::{Context, Poll};
+//! budget instead ([`crate::coop::poll_publish`]).
 
 /// Deliveries taken in a row between yields: tokio's own budget per poll.
 const IN_A_ROW: u32 = 128;
@@ -44,34 +41,6 @@ impl Budget {
     pub(crate) fn refill(&mut self) {
         self.0 = IN_A_ROW;
     }
-}
-
-/// Publishes on one thread per unit of tokio's budget a publish spends.
-const PUBLISHES_PER_UNIT: u32 = 16;
-
-thread_local! {
-    static PUBLISHES: Cell<u32> = const { Cell::new(0) };
-}
-
-/// The cooperative budget of a publish that never has to wait (it has no
-/// loop to keep a [`Budget`] in): every [`PUBLISHES_PER_UNIT`]th publish on
-/// a thread spends one unit of its task's tokio budget, and yields when
-/// that is spent. Tokio's own per-task accounting keeps each task fair to
-/// the others; sampling it keeps its thread-local round trip off most
-/// publishes. A task that only publishes yields every 2,048 publishes.
-#[inline]
-pub(crate) fn poll_publish(cx: &mut Context<'_>) -> Poll<()> {
-    let sampled = PUBLISHES
-        .try_with(|count| {
-            let n = count.get().wrapping_add(1);
-            count.set(n);
-            n % PUBLISHES_PER_UNIT == 0
-        })
-        .unwrap_or(true);
-    if !sampled {
-        return Poll::Ready(());
-    }
-    tokio::task::coop::poll_proceed(cx).map(|restore| restore.made_progress())
 }
 
 #[cfg(test)]

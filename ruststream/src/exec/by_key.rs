@@ -20,8 +20,8 @@ use std::task::{Context, Poll};
 
 use super::budget::Budget;
 use super::owners::{Admitted, OwnerLimits, OwnerSet, Refusal};
-use super::stop::Stop;
 use crate::binding::{Broker, Delivery, Subscription};
+use crate::host::Stop;
 use crate::ingress::JobPermit;
 use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::{SendSubscriber, Subscriber};

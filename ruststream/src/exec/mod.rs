@@ -13,16 +13,14 @@ pub(crate) mod owners;
 pub(crate) mod ring;
 pub(crate) mod ring_wait;
 pub(crate) mod sequential;
-pub(crate) mod stop;
 pub(crate) mod threads;
 pub(crate) mod workers;
 
 use std::future::poll_fn;
-use std::hash::{BuildHasher, Hash};
 use std::pin::{Pin, pin};
 use std::task::Poll;
 
-use stop::Stop;
+use crate::host::Stop;
 
 use crate::binding::Subscription;
 
@@ -52,7 +50,7 @@ use crate::binding::Subscription;
 /// wait and yield (the threads feeder wakes the threads it owes a wake-up).
 macro_rules! receive {
     ($subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr $(, $before_wait:expr)? $(,)?) => {{
-        let stop: &$crate::exec::stop::Stop = $stop;
+        let stop: &$crate::host::Stop = $stop;
         let budget: &mut $crate::exec::budget::Budget = $budget;
         loop {
             if budget.spend() {
@@ -119,13 +117,6 @@ pub(crate) async fn wait_ready<S: Subscription>(
         stopped.as_mut().poll(cx).map(|()| false)
     })
     .await
-}
-
-/// Hash of an ordering key. Equal keys always hash alike, so they always meet
-/// the same owner; different keys that collide only share an owner (less
-/// parallelism, never a broken order).
-pub fn key_hash<K: Hash + ?Sized>(key: &K) -> u64 {
-    rustc_hash::FxBuildHasher.hash_one(key)
 }
 
 /// Maps a key hash onto `0..n` using its high bits.

@@ -6,8 +6,8 @@ use std::pin::pin;
 use std::sync::Arc;
 
 use super::budget::Budget;
-use super::stop::Stop;
 use crate::binding::Broker;
+use crate::host::Stop;
 use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::SendSubscriber;
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use super::budget::Budget;
-use super::stop::Stop;
 use crate::binding::Broker;
+use crate::host::Stop;
 use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::SendSubscriber;
 use crate::sync::{Mutex, MutexGuard};

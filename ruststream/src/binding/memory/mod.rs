@@ -518,7 +518,7 @@ impl Future for Publish<'_, '_> {
                 } else {
                     // Cooperative budget: a publisher that never has to wait
                     // still lets the other tasks of its runtime run.
-                    ready!(crate::exec::budget::poll_publish(cx));
+                    ready!(crate::coop::poll_publish(cx));
                     let message = take_message(message);
                     match inner.publish_now(peer, subject, message, this.request) {
                         Ok(()) => return Poll::Ready(Ok(())),

@@ -597,7 +597,7 @@ impl RabbitDelivery {
     /// then this delivery is acked. If the broker does not take the copy,
     /// the runtime keeps the timer instead.
     async fn retry_held(self, delay: Duration) -> RetryAfter<Self> {
-        let message = crate::tasks::retry_message(&self.env, Duration::ZERO);
+        let message = self.env.retry_copy(Duration::ZERO);
         let subject = self.env.subject().as_str();
         let shared = &self.shared;
         match shared

@@ -10,9 +10,9 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-use super::register::ErasedBroker;
+use super::Stop;
 use crate::binding::Broker;
-use crate::exec::stop::Stop;
+use crate::binding::erased::ErasedBroker;
 use crate::ingress::{JobQueue, JobQueueSettings, Pressure};
 use crate::{Envelope, Publisher};
 
