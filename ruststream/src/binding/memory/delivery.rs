@@ -4,7 +4,8 @@ use std::future::poll_fn;
 use std::sync::{Arc, Weak};
 use std::task::{Poll, ready};
 
-use super::queue::{MemberFlow, Queue};
+use super::member_flow::MemberFlow;
+use super::queue::Queue;
 use super::{Connection, Inner};
 use crate::binding::{Delivery, Subscription};
 use crate::ingress::ReceiveFlow;

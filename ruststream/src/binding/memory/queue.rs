@@ -14,42 +14,18 @@
 //!   if the queue were full. The pause and the byte HWM are independent
 //!   blockers: resuming lifts only the pause.
 
-use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::lanes::{Lane, ROUND_RECORDS, ReceiveRound, Round};
 use super::readers::Readers;
 use super::{BrokerShared, Connection};
 use crate::{Envelope, Error, Result, Text};
-
-/// Frames one receive round takes at most (JQ-12: fixed).
-pub const ROUND_RECORDS: u32 = 64;
-
-/// The byte and time budgets of one receive round (JQ-12); the record budget
-/// is fixed at [`ROUND_RECORDS`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReceiveRound {
-    /// Bytes one round takes at most (the frame that crosses it ends the round).
-    pub bytes: usize,
-    /// Time one round may last, from its first frame.
-    pub time: Duration,
-}
-
-impl Default for ReceiveRound {
-    /// 1 MiB or 5 ms.
-    fn default() -> Self {
-        ReceiveRound {
-            bytes: 1024 * 1024,
-            time: Duration::from_millis(5),
-        }
-    }
-}
 
 /// Why a frame was not admitted.
 pub(crate) enum Refused {
@@ -58,48 +34,6 @@ pub(crate) enum Refused {
     Full(Envelope),
     /// The queue is closed.
     Closed,
-}
-
-/// Lane capacity kept after a burst drains.
-const SHRINK_ABOVE: usize = 1024;
-
-/// The frames of one peer. Peer 0 is the broker itself (dead letters,
-/// retries, requests).
-struct Lane {
-    peer: u64,
-    items: VecDeque<Envelope>,
-    bytes: usize,
-}
-
-impl Lane {
-    fn new(peer: u64) -> Self {
-        Lane {
-            peer,
-            items: VecDeque::new(),
-            bytes: 0,
-        }
-    }
-
-    /// The head frame, its charged bytes and the bytes the lane still holds.
-    #[inline]
-    fn pop(&mut self) -> Option<(Envelope, usize, usize)> {
-        let env = self.items.pop_front()?;
-        let len = env.frame_bytes();
-        self.bytes -= len;
-        if self.items.is_empty() && self.items.capacity() > SHRINK_ABOVE {
-            // Give a burst's memory back once it has drained.
-            self.items.shrink_to(SHRINK_ABOVE);
-        }
-        Some((env, len, self.bytes))
-    }
-}
-
-/// What the current round has taken so far.
-#[derive(Default)]
-struct Round {
-    records: u32,
-    bytes: usize,
-    started: Option<Instant>,
 }
 
 struct State {
@@ -654,46 +588,5 @@ impl Drop for Reader<'_> {
         if let Some(next) = next {
             next.wake();
         }
-    }
-}
-
-/// A member's receive-flow switch on the memory Core (JQ-15): the job queue
-/// sets it; the subscription retires it when it closes, after which late
-/// transitions are ignored.
-pub(crate) struct MemberFlow {
-    queue: Arc<Queue>,
-    /// (paused, retired)
-    state: Mutex<(bool, bool)>,
-}
-
-impl MemberFlow {
-    pub(crate) fn new(queue: Arc<Queue>) -> Self {
-        MemberFlow {
-            queue,
-            state: Mutex::new((false, false)),
-        }
-    }
-
-    /// The member leaves: lifts its pause for good.
-    pub(crate) fn retire(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let was_paused = state.0;
-        *state = (false, true);
-        if was_paused {
-            self.queue.set_member_paused(false);
-        }
-    }
-}
-
-impl crate::ingress::ReceiveFlow for MemberFlow {
-    fn set_paused(&self, paused: bool) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.1 || state.0 == paused {
-            return;
-        }
-        state.0 = paused;
-        // Under this member's own lock, so two transitions never apply out of
-        // order; the queue lock is taken inside it, never the other way.
-        self.queue.set_member_paused(paused);
     }
 }

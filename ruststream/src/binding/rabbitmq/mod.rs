@@ -26,6 +26,10 @@
 //!   request only if it had not been sent yet: a reply may be on its way).
 
 mod acks;
+mod builder;
+mod delayed;
+mod delivery;
+mod exchanges;
 mod reply;
 mod subscription;
 
@@ -34,14 +38,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
-};
+use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Confirmation, Connection};
 use tokio::time::Instant;
 
-pub use self::subscription::{RabbitDelivery, RabbitSubscription};
+pub use self::builder::RabbitBrokerBuilder;
+pub use self::delivery::RabbitDelivery;
+pub use self::exchanges::ExchangeKind;
+pub use self::subscription::RabbitSubscription;
 use crate::binding::{Broker, SubscribeOptions};
 use crate::{Error, Message, Result};
 
@@ -93,175 +98,6 @@ impl std::fmt::Debug for RabbitBroker {
             .field("settings", &self.inner.settings)
             .finish_non_exhaustive()
     }
-}
-
-/// Settings for a [`RabbitBroker`].
-///
-/// ```no_run
-/// use ruststream::rabbitmq::RabbitBroker;
-///
-/// # async fn run() -> ruststream::Result<()> {
-/// let rabbit = RabbitBroker::builder()
-///     .exchange("orders")
-///     .prefetch(64)
-///     .connect("amqp://guest:guest@127.0.0.1:5672/%2f")
-///     .await?;
-/// # drop(rabbit); Ok(()) }
-/// ```
-#[derive(Clone, Debug)]
-pub struct RabbitBrokerBuilder {
-    connection_name: String,
-    exchange: String,
-    prefetch: u16,
-    ack_window: usize,
-    queue_expires: Option<Duration>,
-    quorum: bool,
-    publish_timeout: Duration,
-}
-
-impl Default for RabbitBrokerBuilder {
-    fn default() -> Self {
-        RabbitBrokerBuilder {
-            connection_name: "ruststream".to_owned(),
-            exchange: "ruststream".to_owned(),
-            prefetch: 64,
-            ack_window: 32,
-            queue_expires: None,
-            quorum: false,
-            publish_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-impl RabbitBrokerBuilder {
-    /// The connections' name as the broker shows it (default `ruststream`):
-    /// the consuming connection has this name, the publishing one this name
-    /// with `-publish`.
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.connection_name = name.into();
-        self
-    }
-
-    /// The topic exchange subjects are routed through (default `ruststream`).
-    pub fn exchange(mut self, name: impl Into<String>) -> Self {
-        self.exchange = name.into();
-        self
-    }
-
-    /// Unacked deliveries one subscription may hold (`basic.qos`, default
-    /// 64); never more than the app's job queue can take.
-    pub fn prefetch(mut self, messages: u16) -> Self {
-        self.prefetch = messages.max(1);
-        self
-    }
-
-    /// Settled acks sent as one `basic.ack(multiple)` at most (default 32).
-    /// Contiguous settled deliveries are acked together when this many wait,
-    /// after at most a millisecond otherwise, and before a channel or the
-    /// connection closes. `1` acks each delivery on its own.
-    pub fn ack_window(mut self, acks: usize) -> Self {
-        self.ack_window = acks.max(1);
-        self
-    }
-
-    /// Delete a queue group's queue after it has had no consumer for this
-    /// long (`x-expires`; default: never — the queue outlives its members,
-    /// as a durable work queue should).
-    pub fn queue_expires(mut self, idle: Duration) -> Self {
-        self.queue_expires = Some(idle);
-        self
-    }
-
-    /// Declare queue groups' queues as quorum queues (replicated; default:
-    /// classic durable queues). The broker then counts deliveries: `nack`
-    /// is a plain requeue with the broker's delivery count as the attempt,
-    /// and a message delivered `max_attempts` times without being settled —
-    /// a handler that crashes the process every time — is dead-lettered by
-    /// the broker itself (`x-delivery-limit`).
-    pub fn quorum_queues(mut self, on: bool) -> Self {
-        self.quorum = on;
-        self
-    }
-
-    /// Deadline of a publish that passes none (default 10 s).
-    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
-        self.publish_timeout = timeout;
-        self
-    }
-
-    /// Connects to `url` (for example
-    /// `amqp://guest:guest@127.0.0.1:5672/%2f`), declares the exchange and
-    /// opens the publishing channel with confirms.
-    pub async fn connect(self, url: &str) -> Result<RabbitBroker> {
-        let unreachable = |err: lapin::Error| {
-            Error::Transport(format!("cannot connect to RabbitMQ at {url}: {err}").into())
-        };
-        let open = |name: String| async move {
-            let properties = ConnectionProperties::default()
-                .with_connection_name(name.into())
-                .enable_auto_recover();
-            let conn = Connection::connect(url, properties)
-                .await
-                .map_err(unreachable)?;
-            watch_connection(&conn);
-            Ok::<_, Error>(conn)
-        };
-        let conn = open(self.connection_name.clone()).await?;
-        let publish_conn = open(format!("{}-publish", self.connection_name)).await?;
-        let publisher = publish_conn.create_channel().await.map_err(transport)?;
-        publisher
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(transport)?;
-        publisher
-            .exchange_declare(
-                self.exchange.as_str().into(),
-                lapin::ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(transport)?;
-        Ok(RabbitBroker {
-            inner: Arc::new(Inner {
-                conn,
-                publish_conn,
-                publisher,
-                settings: self,
-                closed: AtomicBool::new(false),
-                ack_windows: Mutex::new(Vec::new()),
-                inbox: tokio::sync::Mutex::new(None),
-                delay_queues: Mutex::new(HashMap::new()),
-            }),
-        })
-    }
-}
-
-/// Logs and counts connection events: losses, recoveries, blocking.
-fn watch_connection(conn: &Connection) {
-    let mut events = conn.events_listener();
-    tokio::spawn(async move {
-        use futures_util::StreamExt;
-        while let Some(event) = events.next().await {
-            let name = match &event {
-                lapin::Event::Connected => "connected",
-                lapin::Event::Error(err) => {
-                    tracing::warn!(error = %err, "RabbitMQ connection error; recovering");
-                    "disconnected"
-                }
-                lapin::Event::ConnectionBlocked(reason) => {
-                    tracing::warn!(%reason, "RabbitMQ blocked the connection");
-                    "blocked"
-                }
-                lapin::Event::ConnectionUnblocked => "unblocked",
-                _ => continue,
-            };
-            crate::metrics::connection_event("rabbitmq", name);
-        }
-    });
 }
 
 fn transport(err: lapin::Error) -> Error {
@@ -404,187 +240,6 @@ impl RabbitBroker {
             tokio::spawn(async move { close_channel(channel, "reply consumer lost").await });
         }
     }
-}
-
-/// The kinds of AMQP exchange (see [`RabbitBroker::declare_exchange`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExchangeKind {
-    /// Routes on the exact routing key.
-    Direct,
-    /// Routes on routing-key patterns (`*` one word, `#` the rest).
-    Topic,
-    /// Every bound queue or exchange gets every message.
-    Fanout,
-    /// Routes on header values (`x-match` = `all` or `any` in the binding).
-    Headers,
-}
-
-impl From<ExchangeKind> for lapin::ExchangeKind {
-    fn from(kind: ExchangeKind) -> Self {
-        match kind {
-            ExchangeKind::Direct => lapin::ExchangeKind::Direct,
-            ExchangeKind::Topic => lapin::ExchangeKind::Topic,
-            ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
-            ExchangeKind::Headers => lapin::ExchangeKind::Headers,
-        }
-    }
-}
-
-impl RabbitBroker {
-    /// Declares a durable exchange `name` of `kind` (fine if it exists with
-    /// the same kind), for example one other systems publish to.
-    ///
-    /// ```no_run
-    /// use ruststream::rabbitmq::{ExchangeKind, RabbitBroker};
-    ///
-    /// # async fn run(rabbit: RabbitBroker) -> ruststream::Result<()> {
-    /// // Everything published to the legacy fan-out exchange reaches
-    /// // ruststream subscribers, by its routing key as the subject.
-    /// rabbit.declare_exchange("legacy.events", ExchangeKind::Fanout).await?;
-    /// rabbit.bind_exchange("legacy.events", "", &[]).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn declare_exchange(&self, name: &str, kind: ExchangeKind) -> Result<()> {
-        let admin = self.admin_channel().await?;
-        let declared = admin
-            .exchange_declare(
-                name.into(),
-                kind.into(),
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|err| {
-                Error::Config(format!(
-                    "cannot declare RabbitMQ exchange `{name}` as {kind:?}: {err}"
-                ))
-            });
-        close_admin(admin).await;
-        declared
-    }
-
-    /// Binds the exchange `source` into ruststream's exchange, so what is
-    /// published there reaches subscribers whose subject matches the
-    /// message's routing key. `binding_key` filters on a direct or topic
-    /// source (ignored by fan-out); `headers` are the binding arguments of a
-    /// headers source (for example `[("x-match", "all"), ("region", "eu")]`).
-    pub async fn bind_exchange(
-        &self,
-        source: &str,
-        binding_key: &str,
-        headers: &[(&str, &str)],
-    ) -> Result<()> {
-        let mut arguments = FieldTable::default();
-        for (name, value) in headers {
-            arguments.insert((*name).into(), long(value));
-        }
-        let admin = self.admin_channel().await?;
-        let bound = admin
-            .exchange_bind(
-                self.inner.settings.exchange.as_str().into(),
-                source.into(),
-                binding_key.into(),
-                lapin::options::ExchangeBindOptions::default(),
-                arguments,
-            )
-            .await
-            .map_err(|err| {
-                Error::Config(format!(
-                    "cannot bind RabbitMQ exchange `{source}` into `{}`: {err}",
-                    self.inner.settings.exchange
-                ))
-            });
-        close_admin(admin).await;
-        bound
-    }
-
-    /// A short-lived channel for declarations: a refused one closes its
-    /// channel, which must not be the publishing channel.
-    async fn admin_channel(&self) -> Result<lapin::Channel> {
-        self.ensure_open()?;
-        self.inner.conn.create_channel().await.map_err(transport)
-    }
-
-    /// The queue that holds `queue`'s retries of `delay` until it has passed,
-    /// then dead-letters them back into `queue` through the default
-    /// exchange. One queue per delay: RabbitMQ expires messages only at a
-    /// queue's head, so mixed delays would wait for each other. Declared
-    /// before each use, which renews its lease: it goes away a minute after
-    /// its last message is due. Declarations are remembered for
-    /// [`REDECLARE_AFTER`], well inside that lease, so a burst of retries
-    /// opens no channel each.
-    async fn delay_queue(&self, queue: &str, delay: Duration) -> Result<String> {
-        let ms = u32::try_from(delay.as_millis())
-            .ok()
-            .filter(|ms| *ms <= MAX_HELD_DELAY_MS)
-            .ok_or_else(|| Error::Config(format!("a delay of {delay:?} is too long to hold")))?;
-        let name = format!("{queue}.delay.{ms}");
-        let fresh = |at: &Instant| at.elapsed() < REDECLARE_AFTER;
-        if self.declared_delays().get(&name).is_some_and(fresh) {
-            return Ok(name);
-        }
-        let mut arguments = FieldTable::default();
-        arguments.insert("x-dead-letter-exchange".into(), long(""));
-        arguments.insert("x-dead-letter-routing-key".into(), long(queue));
-        arguments.insert(
-            "x-expires".into(),
-            AMQPValue::LongUInt(ms.saturating_add(60_000)),
-        );
-        let admin = self.admin_channel().await?;
-        let declared = admin
-            .queue_declare(
-                name.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                arguments,
-            )
-            .await
-            .map_err(transport);
-        close_admin(admin).await;
-        declared?;
-        let mut declared = self.declared_delays();
-        declared.retain(|_, at| fresh(at));
-        declared.insert(name.clone(), Instant::now());
-        Ok(name)
-    }
-
-    fn declared_delays(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.inner
-            .delay_queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Publishes `message` (to be delivered as `subject`) into `queue`'s
-    /// delay queue; the broker moves it into `queue` once `delay` has passed.
-    pub(crate) async fn publish_delayed(
-        &self,
-        queue: &str,
-        subject: &str,
-        message: &Message,
-        delay: Duration,
-    ) -> Result<()> {
-        let delay_queue = self.delay_queue(queue, delay).await?;
-        let properties = properties(message, &[(SUBJECT, subject.to_owned())])
-            .with_expiration(ShortString::from(delay.as_millis().to_string()));
-        let published = self
-            .publish_to("", &delay_queue, message.payload(), properties, None)
-            .await;
-        if published.is_err() {
-            // Deleted behind our back? Declare it again next time.
-            self.declared_delays().remove(&delay_queue);
-        }
-        published
-    }
-}
-
-async fn close_admin(channel: lapin::Channel) {
-    close_channel(channel, "declared").await;
 }
 
 /// Closes `channel`. One caught by a connection loss is closed once the

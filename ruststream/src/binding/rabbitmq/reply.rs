@@ -95,7 +95,7 @@ impl Inbox {
                 let waiter = id.as_deref().and_then(|id| lock(&dispatch).remove(id));
                 match waiter {
                     Some(tx) => {
-                        let envelope = super::subscription::envelope(reply, None);
+                        let envelope = super::delivery::envelope(reply, None);
                         let _ = tx.send(envelope);
                     }
                     None => {

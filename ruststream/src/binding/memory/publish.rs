@@ -1,0 +1,389 @@
+//! One publish on the memory Core: the route, admission to every target
+//! queue, and — only when a queue is full — the wait for space until the
+//! deadline (three-stage backpressure), in a future of its own so publishes
+//! that never wait stay small.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::queue::{Queue, Refused};
+use super::registry::Targets;
+use super::route_cache;
+use super::{Connection, Inner, connection_closed, queue_closed};
+use crate::{Envelope, Error, Message, Result, Text};
+
+impl Inner {
+    /// One publish. The common case is synchronous once the cooperative
+    /// budget allows it: the route is looked up and every target queue admits
+    /// the frame under the registry's read lock, with nothing cloned but the
+    /// subject. Only a publish that must wait for space (JQ-19) leaves that
+    /// path, for a boxed future that owns what it needs, so the waiting state
+    /// never inflates the futures of publishes that do not wait.
+    ///
+    /// `conn` is the publishing connection, checked first (a closed one
+    /// refuses); internal publishes (dead-lettering, requests) pass `None`.
+    #[inline]
+    pub(crate) fn publish<'a, 's>(
+        &'a self,
+        conn: Option<&'a Connection>,
+        subject: &'s str,
+        message: Message,
+        deadline: Deadline,
+    ) -> Publish<'a, 's> {
+        Publish {
+            inner: self,
+            request: false,
+            state: PublishState::Start {
+                peer: conn.map_or(0, |conn| conn.id),
+                conn,
+                subject,
+                message: Some(message),
+                deadline,
+            },
+        }
+    }
+
+    /// Routes and admits `message` without waiting: `Stalled::Full` at the
+    /// first target queue that has no room (the ones before it keep the
+    /// frame, as with a waiting publish).
+    /// `request`: a subject with no subscribers fails with `NoResponders`
+    /// rather than dropping the message.
+    fn publish_now(
+        &self,
+        peer: u64,
+        subject: &str,
+        message: Message,
+        request: bool,
+    ) -> Result<(), Stalled> {
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some(route) = route_cache::get(self.id, generation, subject) {
+            // A queue that left since is skipped (see `route_cache`).
+            return push_now(peer, &route.queues, &route.subject, message, true).map_err(|stall| {
+                stall.into_stalled(peer, || Targets::Shared(Arc::clone(&route)), &route.subject)
+            });
+        }
+        let registry = self.registry_read();
+        let targets = match registry.exact(subject) {
+            Ok(Some(route)) => {
+                // Read under the lock: no change can come between.
+                let generation = self.generation.load(Ordering::Acquire);
+                route_cache::put(self.id, generation, route);
+                return push_now(peer, &route.queues, &route.subject, message, false).map_err(
+                    |stall| {
+                        stall.into_stalled(
+                            peer,
+                            || Targets::Shared(Arc::clone(route)),
+                            &route.subject,
+                        )
+                    },
+                );
+            }
+            Ok(None) => None,
+            Err(()) => registry.targets(subject),
+        };
+        drop(registry);
+        let Some(targets) = targets else {
+            if request {
+                return Err(Stalled::Failed(Error::NoResponders(subject.to_owned())));
+            }
+            tracing::trace!(subject, "no subscribers; message dropped");
+            return Ok(());
+        };
+        let subject = Text::from(subject);
+        push_now(peer, targets.queues(), &subject, message, false)
+            .map_err(|stall| stall.into_stalled(peer, || targets, &subject))
+    }
+}
+
+/// When a waiting publish gives up.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Deadline {
+    /// At this instant.
+    At(Instant),
+    /// This long after it starts waiting: the clock is read only when a
+    /// publish has to wait, never on the fast path.
+    After(Duration),
+}
+
+impl Deadline {
+    fn resolve(self) -> Instant {
+        match self {
+            Deadline::At(at) => at,
+            Deadline::After(wait) => Instant::now() + wait,
+        }
+    }
+}
+
+/// The future of one publish ([`Inner::publish`]): a hand-written state
+/// machine, so the path that does not wait is one plain function call per
+/// poll rather than nested `async` state.
+pub(crate) struct Publish<'a, 's> {
+    inner: &'a Inner,
+    /// A request: no subscribers is `NoResponders`, and an inbox subject is
+    /// no reply.
+    request: bool,
+    state: PublishState<'a, 's>,
+}
+
+impl Publish<'_, '_> {
+    /// Makes this the publish of a request (see [`Publish::request`]): the
+    /// route lookup that admits it also finds whether anyone responds.
+    pub(super) fn request(mut self) -> Self {
+        self.request = true;
+        self
+    }
+}
+
+enum PublishState<'a, 's> {
+    /// Not admitted yet; `conn` is `None` once checked, `message` once
+    /// handed on (the publish is then finished or waiting).
+    Start {
+        /// The publishing connection's id, kept across polls.
+        peer: u64,
+        conn: Option<&'a Connection>,
+        subject: &'s str,
+        message: Option<Message>,
+        deadline: Deadline,
+    },
+    /// Waiting for space (JQ-19), out of line.
+    Waiting(Pin<Box<dyn Future<Output = Result<()>> + Send>>),
+    Done,
+}
+
+impl Future for Publish<'_, '_> {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = &mut *self;
+        let inner = this.inner;
+        match &mut this.state {
+            PublishState::Start {
+                peer,
+                conn,
+                subject,
+                message,
+                deadline,
+            } => {
+                let (peer, subject) = (*peer, *subject);
+                if let Some(conn) = conn.take()
+                    && conn.is_closed()
+                {
+                    this.state = PublishState::Done;
+                    return Poll::Ready(Err(connection_closed()));
+                }
+                // Inbox subjects start with `_`: one byte compare on every
+                // publish, the whole prefix only for candidates.
+                if subject.as_bytes().first() == Some(&b'_')
+                    && !this.request
+                    && subject.starts_with(inner.inbox_prefix.as_str())
+                {
+                    let message = take_message(message);
+                    let rest = &subject[inner.inbox_prefix.len()..];
+                    let Some(lane) = rest.strip_prefix('L') else {
+                        // Two-lane: the completion lane, straight to the caller.
+                        inner.complete(rest, subject, message);
+                        return Poll::Ready(Ok(()));
+                    };
+                    // Single-lane: the reply queues in the requester's own
+                    // FIFO, under its HWM and pause like any frame.
+                    let Some(queue) = inner.reply_lane(lane) else {
+                        crate::metrics::late_reply("memory");
+                        return Poll::Ready(Ok(()));
+                    };
+                    let subject = Text::from(subject);
+                    match push_now(peer, std::slice::from_ref(&queue), &subject, message, false) {
+                        Ok(()) => return Poll::Ready(Ok(())),
+                        Err(stall) => {
+                            match stall.into_stalled(peer, || Targets::Owned(vec![queue]), &subject)
+                            {
+                                Stalled::Failed(err) => return Poll::Ready(Err(err)),
+                                Stalled::Full(waiting) => {
+                                    let deadline = *deadline;
+                                    this.state =
+                                        PublishState::Waiting(Box::pin(waiting.wait(deadline)));
+                                }
+                            }
+                        }
+                    }
+                } else {
+                    // Cooperative budget: a publisher that never has to wait
+                    // still lets the other tasks of its runtime run.
+                    ready!(crate::coop::poll_publish(cx));
+                    let message = take_message(message);
+                    match inner.publish_now(peer, subject, message, this.request) {
+                        Ok(()) => return Poll::Ready(Ok(())),
+                        Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
+                        Err(Stalled::Full(waiting)) => {
+                            let deadline = *deadline;
+                            this.state = PublishState::Waiting(Box::pin(waiting.wait(deadline)));
+                        }
+                    }
+                }
+            }
+            PublishState::Waiting(_) => {}
+            PublishState::Done => panic!("publish future polled after completion"),
+        }
+        let PublishState::Waiting(waiting) = &mut this.state else {
+            unreachable!("only a waiting publish gets here")
+        };
+        let result = ready!(waiting.as_mut().poll(cx));
+        this.state = PublishState::Done;
+        Poll::Ready(result)
+    }
+}
+
+/// The message of a publish in its start state: taken once, where a
+/// whole-state swap would move every field.
+#[inline]
+fn take_message(message: &mut Option<Message>) -> Message {
+    match message.take() {
+        Some(message) => message,
+        None => panic!("publish future polled after completion"),
+    }
+}
+
+/// Why a publish could not finish without waiting.
+enum Stalled {
+    /// It failed for good (a target queue is closed).
+    Failed(Error),
+    /// A target queue is full: wait for space there, then go on.
+    Full(Box<Waiting>),
+}
+
+/// A publish that has to wait for space in `targets[at]`; the queues before
+/// `at` already admitted the frame.
+struct Waiting {
+    peer: u64,
+    targets: Targets,
+    subject: Text,
+    at: usize,
+    env: Envelope,
+    /// The message for the queues after `at`, if any.
+    rest: Option<Message>,
+}
+
+impl Waiting {
+    /// JQ-19: wait for space until the deadline, submit once, then publish to
+    /// the remaining queues as usual.
+    async fn wait(self, deadline: Deadline) -> Result<()> {
+        let queues = self.targets.queues();
+        queues[self.at]
+            .wait_push(self.peer, self.env, || deadline.resolve())
+            .await?;
+        match self.rest {
+            Some(message) => {
+                fan_out(
+                    self.peer,
+                    &queues[self.at + 1..],
+                    &self.subject,
+                    message,
+                    deadline,
+                )
+                .await
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// How `push_now` stopped.
+enum PushStall {
+    Closed,
+    Full {
+        at: usize,
+        env: Envelope,
+        rest: Option<Message>,
+    },
+}
+
+impl PushStall {
+    fn into_stalled(self, peer: u64, targets: impl FnOnce() -> Targets, subject: &Text) -> Stalled {
+        match self {
+            PushStall::Closed => Stalled::Failed(queue_closed()),
+            PushStall::Full { at, env, rest } => Stalled::Full(Box::new(Waiting {
+                peer,
+                targets: targets(),
+                subject: subject.clone(),
+                at,
+                env,
+                rest,
+            })),
+        }
+    }
+}
+
+/// Offers the frame to every queue in order without waiting, stopping at
+/// the first one that refuses it. With `skip_closed`, a closed queue (one
+/// that left the route since it was cached) is passed over.
+// The refused frame comes back by value: boxing it would allocate on the path
+// that is already under pressure.
+#[allow(clippy::result_large_err)]
+fn push_now(
+    peer: u64,
+    queues: &[Arc<Queue>],
+    subject: &Text,
+    message: Message,
+    skip_closed: bool,
+) -> Result<(), PushStall> {
+    let Some((last, rest)) = queues.split_last() else {
+        return Ok(());
+    };
+    for (at, queue) in rest.iter().enumerate() {
+        match queue.try_push(peer, Envelope::new(subject.clone(), message.clone())) {
+            Ok(()) => {}
+            Err(Refused::Closed) if skip_closed => {}
+            Err(Refused::Closed) => return Err(PushStall::Closed),
+            Err(Refused::Full(env)) => {
+                return Err(PushStall::Full {
+                    at,
+                    env,
+                    rest: Some(message),
+                });
+            }
+        }
+    }
+    match last.try_push(peer, Envelope::new(subject.clone(), message)) {
+        Ok(()) => Ok(()),
+        Err(Refused::Closed) if skip_closed => Ok(()),
+        Err(Refused::Closed) => Err(PushStall::Closed),
+        Err(Refused::Full(env)) => Err(PushStall::Full {
+            at: rest.len(),
+            env,
+            rest: None,
+        }),
+    }
+}
+
+/// One publish to every target queue. Each queue is independent, as
+/// subscriptions are on NATS: a queue that stays full until the deadline fails
+/// the publish, and queues that already admitted the message keep it.
+async fn fan_out(
+    peer: u64,
+    queues: &[Arc<Queue>],
+    subject: &Text,
+    message: Message,
+    deadline: Deadline,
+) -> Result<()> {
+    let Some((last, rest)) = queues.split_last() else {
+        return Ok(());
+    };
+    for queue in rest {
+        queue
+            .push(
+                peer,
+                Envelope::new(subject.clone(), message.clone()),
+                || deadline.resolve(),
+            )
+            .await?;
+    }
+    last.push(peer, Envelope::new(subject.clone(), message), || {
+        deadline.resolve()
+    })
+    .await
+}

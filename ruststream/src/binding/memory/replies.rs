@@ -1,0 +1,178 @@
+//! Request/reply on the memory Core: inboxes that complete callers directly
+//! (two lanes), and replies that travel a subscription's own FIFO (one lane).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::delivery::LaneRequester;
+use super::inbox;
+use super::queue::Queue;
+use super::{Deadline, Inner, MemoryBroker, connection_closed};
+use crate::binding::Requester;
+use crate::text::{Part, TextArena};
+use crate::{Envelope, Error, Message, Result, Text};
+
+impl Inner {
+    /// The single-lane queue a reply to `{prefix}L<queue>.<id>` goes to.
+    pub(super) fn reply_lane(&self, rest: &str) -> Option<Arc<Queue>> {
+        let queue = rest.split('.').next()?.parse::<u64>().ok()?;
+        self.reply_lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&queue)?
+            .upgrade()
+    }
+
+    pub(super) fn forget_reply_lane(&self, queue: u64) {
+        self.reply_lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&queue);
+    }
+
+    /// A single-lane reply that reached the head of its queue: it completes
+    /// its caller without a permit (JQ-24 item 6).
+    pub(crate) fn complete_lane_reply(&self, env: Envelope) {
+        let subject = env.subject().clone();
+        let id = subject[self.inbox_prefix.len()..]
+            .split('.')
+            .nth(1)
+            .unwrap_or("");
+        self.complete(id, &subject, env.into_message());
+    }
+
+    /// Completion supply (JQ-6): a reply goes straight to its waiting caller.
+    /// A reply for a request that already ended is dropped: first terminal wins.
+    pub(super) fn complete(&self, id: &str, subject: &str, message: Message) {
+        let completed = inbox::parse_id(id).is_some_and(|id| self.inbox.complete(id, message));
+        if !completed {
+            crate::metrics::late_reply("memory");
+            tracing::debug!(subject, "late or unknown reply dropped");
+        }
+    }
+}
+
+/// `future`'s output if it is ready now or once this task has yielded to
+/// the others once; `None` if it is still pending then. A reply from a
+/// handler on the same runtime usually comes back within that one yield, and
+/// then the request never arms (and clears) a timer of its own: the timer
+/// was most of a round trip's cost.
+async fn after_one_yield<F: Future>(mut future: Pin<&mut F>) -> Option<F::Output> {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        Poll::Ready(output) => Poll::Ready(Some(output)),
+        Poll::Pending if !yielded => {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await
+}
+
+/// Releases a request's inbox slot however the request ends.
+struct InboxGuard<'a> {
+    inner: &'a Inner,
+    id: u64,
+}
+
+impl Drop for InboxGuard<'_> {
+    fn drop(&mut self) {
+        self.inner.inbox.close(self.id);
+    }
+}
+
+/// `{prefix}{id}`, or `{prefix}L{queue}.{id}` for a single-lane reply: cut
+/// from the inbox's subject arena, shared by the request and the inbox slot.
+fn inbox_subject(arena: &mut TextArena, prefix: &str, lane: Option<u64>, id: u64) -> Text {
+    let [slot, dash, generation] = inbox::id_parts(id);
+    match lane {
+        None => arena.concat(&[Part::Str(prefix), slot, dash, generation]),
+        Some(queue) => arena.concat(&[
+            Part::Str(prefix),
+            Part::Str("L"),
+            Part::Decimal(queue),
+            Part::Str("."),
+            slot,
+            dash,
+            generation,
+        ]),
+    }
+}
+
+impl Requester for MemoryBroker {
+    fn send_request(
+        &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Envelope>> + Send {
+        self.request_via(None, subject, message, timeout)
+    }
+}
+
+impl MemoryBroker {
+    /// One request. `lane` is the single-lane queue its reply must come back
+    /// through; `None` is the two-lane completion path (JQ-6).
+    async fn request_via(
+        &self,
+        lane: Option<u64>,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<Envelope> {
+        let inner = &*self.inner;
+        self.ensure_open()?;
+        let deadline = Instant::now() + timeout;
+        let (id, reply_to) = inner
+            .inbox
+            .open(|arena, id| inbox_subject(arena, &inner.inbox_prefix, lane, id));
+        let _guard = InboxGuard { inner, id };
+        inner
+            .publish(
+                Some(&self.conn),
+                subject,
+                message.with_reply_to(reply_to),
+                Deadline::At(deadline),
+            )
+            .request()
+            .await?;
+        let mut reply = std::pin::pin!(std::future::poll_fn(|cx| inner.inbox.poll_reply(id, cx)));
+        if let Some(reply) = after_one_yield(reply.as_mut()).await {
+            return Ok(reply);
+        }
+        tokio::time::timeout_at(deadline, reply)
+            .await
+            .map_err(|_| Error::Timeout(timeout))
+    }
+}
+
+impl LaneRequester {
+    /// Sends a request whose reply comes back through the subscription's own
+    /// receive FIFO (single-lane). The reply waits behind frames queued
+    /// before it and under the queue's HWM and pause; once it reaches the head
+    /// it completes this call without a job permit. A reply that arrives
+    /// after `timeout` is dropped: the first terminal result wins. A reply
+    /// that reports a failure is an error, as in
+    /// [`Requester::request_message`](crate::Requester::request_message).
+    pub async fn request_message(
+        &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<Envelope> {
+        let Some(broker) = &self.broker else {
+            return Err(connection_closed());
+        };
+        let reply = broker
+            .request_via(Some(self.lane), subject, message, timeout)
+            .await?;
+        crate::reply_result(reply)
+    }
+}

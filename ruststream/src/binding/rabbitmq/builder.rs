@@ -1,0 +1,183 @@
+//! [`RabbitBrokerBuilder`]: connection settings, and the connection's
+//! lifecycle events.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+
+use super::{Inner, RabbitBroker, transport};
+use crate::{Error, Result};
+
+/// Settings for a [`RabbitBroker`].
+///
+/// ```no_run
+/// use ruststream::rabbitmq::RabbitBroker;
+///
+/// # async fn run() -> ruststream::Result<()> {
+/// let rabbit = RabbitBroker::builder()
+///     .exchange("orders")
+///     .prefetch(64)
+///     .connect("amqp://guest:guest@127.0.0.1:5672/%2f")
+///     .await?;
+/// # drop(rabbit); Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RabbitBrokerBuilder {
+    pub(super) connection_name: String,
+    pub(super) exchange: String,
+    pub(super) prefetch: u16,
+    pub(super) ack_window: usize,
+    pub(super) queue_expires: Option<Duration>,
+    pub(super) quorum: bool,
+    pub(super) publish_timeout: Duration,
+}
+
+impl Default for RabbitBrokerBuilder {
+    fn default() -> Self {
+        RabbitBrokerBuilder {
+            connection_name: "ruststream".to_owned(),
+            exchange: "ruststream".to_owned(),
+            prefetch: 64,
+            ack_window: 32,
+            queue_expires: None,
+            quorum: false,
+            publish_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RabbitBrokerBuilder {
+    /// The connections' name as the broker shows it (default `ruststream`):
+    /// the consuming connection has this name, the publishing one this name
+    /// with `-publish`.
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
+    }
+
+    /// The topic exchange subjects are routed through (default `ruststream`).
+    pub fn exchange(mut self, name: impl Into<String>) -> Self {
+        self.exchange = name.into();
+        self
+    }
+
+    /// Unacked deliveries one subscription may hold (`basic.qos`, default
+    /// 64); never more than the app's job queue can take.
+    pub fn prefetch(mut self, messages: u16) -> Self {
+        self.prefetch = messages.max(1);
+        self
+    }
+
+    /// Settled acks sent as one `basic.ack(multiple)` at most (default 32).
+    /// Contiguous settled deliveries are acked together when this many wait,
+    /// after at most a millisecond otherwise, and before a channel or the
+    /// connection closes. `1` acks each delivery on its own.
+    pub fn ack_window(mut self, acks: usize) -> Self {
+        self.ack_window = acks.max(1);
+        self
+    }
+
+    /// Delete a queue group's queue after it has had no consumer for this
+    /// long (`x-expires`; default: never — the queue outlives its members,
+    /// as a durable work queue should).
+    pub fn queue_expires(mut self, idle: Duration) -> Self {
+        self.queue_expires = Some(idle);
+        self
+    }
+
+    /// Declare queue groups' queues as quorum queues (replicated; default:
+    /// classic durable queues). The broker then counts deliveries: `nack`
+    /// is a plain requeue with the broker's delivery count as the attempt,
+    /// and a message delivered `max_attempts` times without being settled —
+    /// a handler that crashes the process every time — is dead-lettered by
+    /// the broker itself (`x-delivery-limit`).
+    pub fn quorum_queues(mut self, on: bool) -> Self {
+        self.quorum = on;
+        self
+    }
+
+    /// Deadline of a publish that passes none (default 10 s).
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// Connects to `url` (for example
+    /// `amqp://guest:guest@127.0.0.1:5672/%2f`), declares the exchange and
+    /// opens the publishing channel with confirms.
+    pub async fn connect(self, url: &str) -> Result<RabbitBroker> {
+        let unreachable = |err: lapin::Error| {
+            Error::Transport(format!("cannot connect to RabbitMQ at {url}: {err}").into())
+        };
+        let open = |name: String| async move {
+            let properties = ConnectionProperties::default()
+                .with_connection_name(name.into())
+                .enable_auto_recover();
+            let conn = Connection::connect(url, properties)
+                .await
+                .map_err(unreachable)?;
+            watch_connection(&conn);
+            Ok::<_, Error>(conn)
+        };
+        let conn = open(self.connection_name.clone()).await?;
+        let publish_conn = open(format!("{}-publish", self.connection_name)).await?;
+        let publisher = publish_conn.create_channel().await.map_err(transport)?;
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(transport)?;
+        publisher
+            .exchange_declare(
+                self.exchange.as_str().into(),
+                lapin::ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(transport)?;
+        Ok(RabbitBroker {
+            inner: Arc::new(Inner {
+                conn,
+                publish_conn,
+                publisher,
+                settings: self,
+                closed: AtomicBool::new(false),
+                ack_windows: Mutex::new(Vec::new()),
+                inbox: tokio::sync::Mutex::new(None),
+                delay_queues: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}
+
+/// Logs and counts connection events: losses, recoveries, blocking.
+fn watch_connection(conn: &Connection) {
+    let mut events = conn.events_listener();
+    tokio::spawn(async move {
+        use futures_util::StreamExt;
+        while let Some(event) = events.next().await {
+            let name = match &event {
+                lapin::Event::Connected => "connected",
+                lapin::Event::Error(err) => {
+                    tracing::warn!(error = %err, "RabbitMQ connection error; recovering");
+                    "disconnected"
+                }
+                lapin::Event::ConnectionBlocked(reason) => {
+                    tracing::warn!(%reason, "RabbitMQ blocked the connection");
+                    "blocked"
+                }
+                lapin::Event::ConnectionUnblocked => "unblocked",
+                _ => continue,
+            };
+            crate::metrics::connection_event("rabbitmq", name);
+        }
+    });
+}
