@@ -108,6 +108,7 @@ async fn main() -> ruststream::Result<()> {
         .start()
         .await?;
 
+    let client = Publisher::new(broker.clone());
     for seq in 0..PER_ACCOUNT {
         for account in 0..ACCOUNTS {
             let payment = Payment {
@@ -115,7 +116,7 @@ async fn main() -> ruststream::Result<()> {
                 seq,
                 cents: 100 + u64::from(seq),
             };
-            broker.publish("payments", &payment).await?;
+            client.publish("payments", &payment).await?;
         }
     }
     tokio::time::timeout(Duration::from_secs(10), ALL_DONE.notified())

@@ -77,7 +77,9 @@ async fn main() -> ruststream::Result<()> {
         .start()
         .await?;
 
-    broker.publish("orders", &Order { id: 1, qty: 3 }).await?;
+    Publisher::new(broker.clone())
+        .publish("orders", &Order { id: 1, qty: 3 })
+        .await?;
     tokio::time::timeout(Duration::from_secs(5), HANDLED.notified())
         .await
         .map_err(|_| ruststream::Error::Timeout(Duration::from_secs(5)))?;

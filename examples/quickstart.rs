@@ -63,6 +63,8 @@ async fn main() -> ruststream::Result<()> {
     let broker = MemoryBroker::new();
     let app = App::new().broker(broker.clone()).subscriber(confirm);
     let running = app.start().await?;
+    // Typed sends and requests, JSON-encoded.
+    let client = Publisher::new(broker);
 
     for id in 1..ORDERS as u64 {
         let order = Order {
@@ -70,7 +72,7 @@ async fn main() -> ruststream::Result<()> {
             sku: "blue-widget".into(),
             qty: 2,
         };
-        broker.publish("orders.created", &order).await?;
+        client.publish("orders.created", &order).await?;
     }
 
     // Request/reply: the handler's return value comes back to the caller.
@@ -79,7 +81,7 @@ async fn main() -> ruststream::Result<()> {
         sku: "red-widget".into(),
         qty: 3,
     };
-    let reply: Confirmed = broker
+    let reply: Confirmed = client
         .request("orders.created", &order, Duration::from_secs(2))
         .await?;
     println!("reply: {reply:?}");

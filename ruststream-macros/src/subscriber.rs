@@ -307,7 +307,7 @@ fn generate(
     let subject = &args.subject;
     // A literal: a static `Text`, so the subject every delivery carries is
     // copied without touching a reference count.
-    let mut config = quote!(::ruststream::SubscriberConfig::new(
+    let mut config = quote!(::ruststream::subscriber::SubscriberConfig::new(
         ::ruststream::Text::from_static(#subject)
     ));
     if let Some(group) = &args.options.queue_group {
@@ -331,7 +331,7 @@ fn generate(
         _ => None,
     });
     let required_state = quote! {
-        fn required_state(&self) -> ::std::vec::Vec<::ruststream::StateKey> {
+        fn required_state(&self) -> ::std::vec::Vec<::ruststream::subscriber::StateKey> {
             ::std::vec![#(#states),*]
         }
     };
@@ -374,15 +374,15 @@ fn generate(
         TokenStream::new()
     } else {
         quote_spanned! {sig.ident.span()=>
-            impl ::ruststream::SendSubscriber for #name {
+            impl ::ruststream::subscriber::SendSubscriber for #name {
                 fn handle_send(
                     &self,
                     __body: #body_ty,
-                    __scope: &::ruststream::Scope<'_>,
+                    __scope: &::ruststream::subscriber::Scope<'_>,
                 ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome>
                        + ::core::marker::Send {
                     ::ruststream::__private::requires_send_handler_or_threads_n(
-                        <Self as ::ruststream::Subscriber>::handle(self, __body, __scope),
+                        <Self as ::ruststream::subscriber::Subscriber>::handle(self, __body, __scope),
                     )
                 }
             }
@@ -436,11 +436,11 @@ fn generate(
                 }
             }
 
-            impl ::ruststream::Subscriber for #name {
+            impl ::ruststream::subscriber::Subscriber for #name {
                 type Body = #body_ty;
                 type Codec = #codec;
 
-                fn config(&self) -> ::ruststream::SubscriberConfig {
+                fn config(&self) -> ::ruststream::subscriber::SubscriberConfig {
                     #config
                 }
 
@@ -462,7 +462,7 @@ fn generate(
                 fn handle(
                     &self,
                     __body: #body_ty,
-                    __scope: &::ruststream::Scope<'_>,
+                    __scope: &::ruststream::subscriber::Scope<'_>,
                 ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome> {
                     let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));
                     async move { #outcome }

@@ -43,7 +43,7 @@ impl CoreHwmProfile {
 /// queues of one broker may own together). Overrides win over the profile.
 ///
 /// ```
-/// use ruststream::{CoreHwm, CoreHwmProfile};
+/// use ruststream::binding::memory::{CoreHwm, CoreHwmProfile};
 ///
 /// let hwm = CoreHwm::profile(CoreHwmProfile::Small).budget_bytes(64 * 1024);
 /// assert_eq!(hwm.effective_budget_bytes(), 64 * 1024);

@@ -23,7 +23,7 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let broker = MemoryBroker::new();
 //! let running = App::new().broker(broker.clone()).subscriber(confirm).start().await?;
-//! let reply: Confirmed = broker
+//! let reply: Confirmed = Publisher::new(broker)
 //!     .request("orders.created", &Order { id: 7, qty: 1 }, std::time::Duration::from_secs(1))
 //!     .await?;
 //! assert_eq!(reply, Confirmed { id: 7 });
@@ -53,9 +53,8 @@ mod message;
 mod meta_box;
 pub mod metrics;
 mod pipeline;
-mod publish;
 mod publisher;
-mod subscriber;
+pub mod subscriber;
 mod sync;
 mod tasks;
 mod text;
@@ -69,10 +68,7 @@ pub mod __private;
 
 pub use accept::{AcceptLayer, Verdict};
 pub use app::{App, BoundSubscriber, IntoSubscriber, NoBroker, RunningApp};
-pub use binding::memory::{
-    MemoryBroker, MemoryBrokerBuilder, MemoryDelivery, MemorySubscription, QueueStats,
-    ROUND_RECORDS, ReceiveRound,
-};
+pub use binding::memory::MemoryBroker;
 /// The NATS binding (feature `nats`).
 #[cfg(feature = "nats")]
 pub use binding::nats;
@@ -82,19 +78,14 @@ pub use binding::rabbitmq;
 /// The Redis Streams binding (feature `redis`).
 #[cfg(feature = "redis")]
 pub use binding::redis;
-pub use binding::{Broker, Delivery, Requester, RetryAfter, SubscribeOptions, Subscription};
+pub use binding::{Broker, Delivery, Requester, SubscribeOptions, Subscription};
 pub use codec::{Codec, Json};
-pub use config::{CoreHwm, CoreHwmProfile};
 pub use ctx::{Ctx, CtxRuntime, Here, MainRuntime};
 pub use error::{BoxError, Error, HandlerError, Result};
 pub use host::AppHandle;
-pub use key::key_hash;
-pub use message::{Envelope, FRAME_OVERHEAD, Headers, Message, header};
-pub use publish::{Publish, reply_result};
+pub use message::{Envelope, Headers, Message, header};
 pub use publisher::Publisher;
-pub use subscriber::{
-    Mode, Outcome, Scope, SendSubscriber, State, StateKey, Subscriber, SubscriberConfig,
-};
+pub use subscriber::State;
 pub use text::Text;
 
 pub use ruststream_macros::{app, subscriber};
@@ -102,8 +93,8 @@ pub use ruststream_macros::{app, subscriber};
 /// Everything a typical service needs, in one import.
 pub mod prelude {
     pub use crate::{
-        App, Broker, Ctx, Delivery, HandlerError, MainRuntime, MemoryBroker, Message, Publish,
-        Publisher, Requester, RunningApp, State, Subscription, subscriber,
+        App, Broker, Ctx, Delivery, HandlerError, MainRuntime, MemoryBroker, Message, Publisher,
+        Requester, RunningApp, State, Subscription, subscriber,
     };
     pub use bytes::Bytes;
     pub use serde::{Deserialize, Serialize};

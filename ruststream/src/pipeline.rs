@@ -77,7 +77,8 @@ macro_rules! invoke {
         let delivery = $delivery;
         // Not started (so not registered anywhere) unless something waits.
         let mut aborted = ::std::pin::pin!(unit.abort.wait());
-        let scope = $crate::Scope::new($crate::Delivery::envelope(&delivery), &unit.app);
+        let scope =
+            $crate::subscriber::Scope::new($crate::Delivery::envelope(&delivery), &unit.app);
         let outcome = {
             let handler = ::std::pin::pin!(unit.subscriber.$handler($body, &scope));
             $crate::pipeline::or_abort($crate::pipeline::Caught(handler), aborted.as_mut()).await
@@ -149,7 +150,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     #[inline]
     pub(crate) fn check<D: Delivery>(&self, delivery: &D) -> Checked<S::Body> {
         let env = delivery.envelope();
-        let size = env.frame_bytes() - crate::FRAME_OVERHEAD;
+        let size = env.frame_bytes() - crate::message::FRAME_OVERHEAD;
         if size > self.config.max_message_size {
             return Checked::Early(Early::Oversized(size));
         }

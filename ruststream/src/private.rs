@@ -8,7 +8,8 @@ pub use bytes::Bytes;
 
 pub use crate::key::key_hash;
 pub use crate::subscriber::Outcome;
-pub use crate::{__outcome as outcome, Ctx, HandlerError, StateKey, SubscriberConfig};
+pub use crate::subscriber::{StateKey, SubscriberConfig};
+pub use crate::{__outcome as outcome, Ctx, HandlerError};
 
 /// The key of a `State<T>` argument, for the generated
 /// `Subscriber::required_state`.

@@ -1,5 +1,7 @@
-//! The [`Subscriber`] trait (what `#[subscriber]` implements) and its
-//! [`SubscriberConfig`].
+//! Subscribers written by hand: the [`Subscriber`] trait that
+//! `#[subscriber]` implements for you, its [`SubscriberConfig`], and what a
+//! handler invocation sees ([`Scope`], [`Outcome`]). Reach for these to
+//! build subscribers at run time; annotated functions need none of it.
 
 use std::any::TypeId;
 use std::future::Future;
@@ -13,18 +15,20 @@ use crate::host::AppHandle;
 use crate::tasks::FollowUps;
 use crate::{BoxError, Codec, Ctx, Envelope, HandlerError, Text};
 
+pub use crate::key::key_hash;
+
 /// How one subscriber consumes: subject, queue group, dead-letter subject and
 /// retry budget. Every `#[subscriber(...)]` argument has a method here, so apps
 /// can configure subscribers without the macro.
 ///
 /// ```
-/// use ruststream::SubscriberConfig;
+/// use ruststream::subscriber::SubscriberConfig;
 ///
 /// let config = SubscriberConfig::new("orders.created")
 ///     .queue_group("billing")
 ///     .dead_letter("orders.dlq")
 ///     .max_attempts(5);
-/// assert_eq!(config.get_max_attempts(), 5);
+/// assert_eq!(config.retry_budget(), 5);
 /// ```
 #[derive(Clone, Debug)]
 pub struct SubscriberConfig {
@@ -165,7 +169,7 @@ impl SubscriberConfig {
 
     /// Whether pressure may pause the receive flow (see
     /// [`receive_flow`](Self::receive_flow)).
-    pub fn get_receive_flow(&self) -> bool {
+    pub fn pausable(&self) -> bool {
         self.receive_flow.unwrap_or(self.queue_group.is_some())
     }
 
@@ -196,7 +200,7 @@ impl SubscriberConfig {
     }
 
     /// The retry budget.
-    pub fn get_max_attempts(&self) -> u32 {
+    pub fn retry_budget(&self) -> u32 {
         self.max_attempts
     }
 
@@ -240,7 +244,7 @@ impl SubscriberConfig {
             subject: self.subject.clone(),
             queue_group: self.queue_group.clone(),
             dead_letter: self.dead_letter.clone(),
-            receive_flow: self.get_receive_flow(),
+            receive_flow: self.pausable(),
             max_deliveries: Some(self.max_attempts),
         }
     }

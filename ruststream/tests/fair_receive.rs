@@ -8,10 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{frame, within};
-use ruststream::{
-    Broker, CoreHwm, Delivery, Error, MemoryBroker, Message, ROUND_RECORDS, ReceiveRound,
-    SubscribeOptions, Subscription,
-};
+use ruststream::binding::memory::{CoreHwm, ROUND_RECORDS, ReceiveRound};
+use ruststream::{Broker, Delivery, Error, MemoryBroker, Message, SubscribeOptions, Subscription};
 use tokio::time::Instant;
 
 /// A broker whose rounds end only at the given byte budget or time.

@@ -21,7 +21,8 @@ use common::server::OwnServer;
 use common::{install_metrics, within};
 use futures_util::StreamExt;
 use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
-use ruststream::{Broker, Envelope, Message, SubscriberConfig, header};
+use ruststream::subscriber::SubscriberConfig;
+use ruststream::{Broker, Envelope, Message, header};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 const ACK_WAIT: Duration = Duration::from_secs(1);

@@ -17,9 +17,8 @@ use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use ruststream::rabbitmq::RabbitBroker;
-use ruststream::{
-    Broker, Delivery, Message, SubscribeOptions, SubscriberConfig, Subscription, header, metrics,
-};
+use ruststream::subscriber::SubscriberConfig;
+use ruststream::{Broker, Delivery, Message, SubscribeOptions, Subscription, header, metrics};
 use tokio::sync::mpsc::unbounded_channel;
 
 fn url(server: &OwnServer) -> String {

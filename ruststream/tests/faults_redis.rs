@@ -18,7 +18,8 @@ use common::server::OwnServer;
 use common::{counter, install_metrics, within};
 use redis::Value;
 use ruststream::redis::RedisBroker;
-use ruststream::{Broker, Message, SubscriberConfig, header, metrics};
+use ruststream::subscriber::SubscriberConfig;
+use ruststream::{Broker, Message, header, metrics};
 use tokio::sync::mpsc::unbounded_channel;
 
 const CLAIM_IDLE: Duration = Duration::from_millis(500);

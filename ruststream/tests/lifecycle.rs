@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Gate, within};
+use ruststream::binding::memory::MemorySubscription;
 use ruststream::prelude::*;
-use ruststream::{Envelope, Error, MemorySubscription, SubscribeOptions, header};
+use ruststream::{Envelope, Error, SubscribeOptions, header};
 use tokio::sync::{Notify, Semaphore};
 
 /// A broker that records when it closes: the real memory broker underneath.

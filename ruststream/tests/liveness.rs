@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::{Gate, frame, queue, until, within};
+use ruststream::Error;
 use ruststream::ingress::JobQueueSettings;
 use ruststream::prelude::*;
-use ruststream::{Error, Subscriber, SubscriberConfig};
+use ruststream::subscriber::{Subscriber, SubscriberConfig};
 use tokio::sync::Notify;
 
 // ------------------------------------------------ a full key blocks no other
@@ -159,20 +160,24 @@ impl Subscriber for Counting {
         Ok(payload.clone())
     }
 
-    async fn handle(&self, _body: Bytes, _scope: &ruststream::Scope<'_>) -> ruststream::Outcome {
+    async fn handle(
+        &self,
+        _body: Bytes,
+        _scope: &ruststream::subscriber::Scope<'_>,
+    ) -> ruststream::subscriber::Outcome {
         if PROGRESS[self.0].fetch_add(1, Ordering::SeqCst) + 1 == BACKLOG {
             PROGRESS_DONE.notify_one();
         }
-        ruststream::Outcome::Ack(None)
+        ruststream::subscriber::Outcome::Ack(None)
     }
 }
 
-impl ruststream::SendSubscriber for Counting {
+impl ruststream::subscriber::SendSubscriber for Counting {
     fn handle_send(
         &self,
         body: Bytes,
-        scope: &ruststream::Scope<'_>,
-    ) -> impl Future<Output = ruststream::Outcome> + Send {
+        scope: &ruststream::subscriber::Scope<'_>,
+    ) -> impl Future<Output = ruststream::subscriber::Outcome> + Send {
         self.handle(body, scope)
     }
 }
@@ -260,20 +265,24 @@ impl Subscriber for TurnTaker {
         Ok(payload.clone())
     }
 
-    async fn handle(&self, _body: Bytes, _scope: &ruststream::Scope<'_>) -> ruststream::Outcome {
+    async fn handle(
+        &self,
+        _body: Bytes,
+        _scope: &ruststream::subscriber::Scope<'_>,
+    ) -> ruststream::subscriber::Outcome {
         self.gate.acquire().await.unwrap().forget();
         let waited = self.app.get().is_some_and(|app| app.pressure().waiters > 0);
         self.turns.lock().unwrap().push((self.source, waited));
-        ruststream::Outcome::Ack(None)
+        ruststream::subscriber::Outcome::Ack(None)
     }
 }
 
-impl ruststream::SendSubscriber for TurnTaker {
+impl ruststream::subscriber::SendSubscriber for TurnTaker {
     fn handle_send(
         &self,
         body: Bytes,
-        scope: &ruststream::Scope<'_>,
-    ) -> impl Future<Output = ruststream::Outcome> + Send {
+        scope: &ruststream::subscriber::Scope<'_>,
+    ) -> impl Future<Output = ruststream::subscriber::Outcome> + Send {
         self.handle(body, scope)
     }
 }
@@ -472,7 +481,10 @@ async fn a_missing_state_is_a_startup_error() {
         .start()
         .await
         .unwrap();
-    broker.publish("live.stateful", &1).await.unwrap();
+    Publisher::new(broker.clone())
+        .publish("live.stateful", &1)
+        .await
+        .unwrap();
     until(5, "the handler", || {
         STATEFUL_CALLS.load(Ordering::SeqCst) == 1
     })

@@ -8,9 +8,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use common::{frame, within};
+use ruststream::binding::memory::CoreHwm;
 use ruststream::{
-    Broker, CoreHwm, Delivery, Error, MemoryBroker, Message, Requester, SubscribeOptions,
-    Subscription, header,
+    Broker, Delivery, Error, MemoryBroker, Message, Requester, SubscribeOptions, Subscription,
+    header,
 };
 use tokio::time::Instant;
 

@@ -180,7 +180,7 @@ async fn rt4_a_blocked_key_does_not_stop_other_keys() {
         .start()
         .await
         .unwrap();
-    broker
+    Publisher::new(broker.clone())
         .publish("modes.slow_key", &Item { key: 0, seq: 0 })
         .await
         .unwrap();
@@ -191,12 +191,12 @@ async fn rt4_a_blocked_key_does_not_stop_other_keys() {
     )
     .await;
     // Key 0 blocks; more of key 0 queue behind it, and every other key flows.
-    broker
+    Publisher::new(broker.clone())
         .publish("modes.slow_key", &Item { key: 0, seq: 1 })
         .await
         .unwrap();
     for seq in 0..SLOW_OTHERS_N {
-        broker
+        Publisher::new(broker.clone())
             .publish(
                 "modes.slow_key",
                 &Item {
@@ -419,7 +419,10 @@ async fn rt5_threads_by_key_keeps_each_keys_order() {
         .await
         .unwrap();
     for item in shuffled_interleaving(TK_KEYS, TK_PER_KEY) {
-        broker.publish("modes.threads_by_key", &item).await.unwrap();
+        Publisher::new(broker.clone())
+            .publish("modes.threads_by_key", &item)
+            .await
+            .unwrap();
     }
     within(30, "keyed deliveries on threads", TK_ALL.notified()).await;
     running.shutdown().await.unwrap();
@@ -433,12 +436,12 @@ static B_DONE: Notify = Notify::const_new();
 
 struct Counter;
 
-impl ruststream::Subscriber for Counter {
+impl ruststream::subscriber::Subscriber for Counter {
     type Body = u32;
     type Codec = ruststream::Json;
 
-    fn config(&self) -> ruststream::SubscriberConfig {
-        ruststream::SubscriberConfig::new("modes.builder").workers_by_key(3)
+    fn config(&self) -> ruststream::subscriber::SubscriberConfig {
+        ruststream::subscriber::SubscriberConfig::new("modes.builder").workers_by_key(3)
     }
 
     fn decode(&self, payload: &Bytes) -> Result<u32, ruststream::BoxError> {
@@ -446,24 +449,28 @@ impl ruststream::Subscriber for Counter {
     }
 
     fn key(&self, body: &u32, _: &ruststream::Envelope) -> u64 {
-        ruststream::key_hash(&(body % 7))
+        ruststream::subscriber::key_hash(&(body % 7))
     }
 
-    async fn handle(&self, body: u32, _: &ruststream::Scope<'_>) -> ruststream::Outcome {
+    async fn handle(
+        &self,
+        body: u32,
+        _: &ruststream::subscriber::Scope<'_>,
+    ) -> ruststream::subscriber::Outcome {
         if body == 99 {
             B_DONE.notify_one();
         }
-        ruststream::Outcome::Ack(None)
+        ruststream::subscriber::Outcome::Ack(None)
     }
 }
 
-impl ruststream::SendSubscriber for Counter {
+impl ruststream::subscriber::SendSubscriber for Counter {
     fn handle_send(
         &self,
         body: u32,
-        scope: &ruststream::Scope<'_>,
-    ) -> impl Future<Output = ruststream::Outcome> + Send {
-        ruststream::Subscriber::handle(self, body, scope)
+        scope: &ruststream::subscriber::Scope<'_>,
+    ) -> impl Future<Output = ruststream::subscriber::Outcome> + Send {
+        ruststream::subscriber::Subscriber::handle(self, body, scope)
     }
 }
 
@@ -477,7 +484,10 @@ async fn modes_are_configurable_without_the_macro() {
         .await
         .unwrap();
     for i in 0..100u32 {
-        broker.publish("modes.builder", &i).await.unwrap();
+        Publisher::new(broker.clone())
+            .publish("modes.builder", &i)
+            .await
+            .unwrap();
     }
     within(5, "builder-configured by-key subscriber", B_DONE.notified()).await;
     running.shutdown().await.unwrap();
@@ -486,26 +496,30 @@ async fn modes_are_configurable_without_the_macro() {
 #[tokio::test]
 async fn zero_workers_from_the_builder_is_a_startup_error() {
     struct Zero;
-    impl ruststream::Subscriber for Zero {
+    impl ruststream::subscriber::Subscriber for Zero {
         type Body = Bytes;
         type Codec = ruststream::Json;
-        fn config(&self) -> ruststream::SubscriberConfig {
-            ruststream::SubscriberConfig::new("modes.zero").workers(0)
+        fn config(&self) -> ruststream::subscriber::SubscriberConfig {
+            ruststream::subscriber::SubscriberConfig::new("modes.zero").workers(0)
         }
         fn decode(&self, payload: &Bytes) -> Result<Bytes, ruststream::BoxError> {
             Ok(payload.clone())
         }
-        async fn handle(&self, _: Bytes, _: &ruststream::Scope<'_>) -> ruststream::Outcome {
-            ruststream::Outcome::Ack(None)
+        async fn handle(
+            &self,
+            _: Bytes,
+            _: &ruststream::subscriber::Scope<'_>,
+        ) -> ruststream::subscriber::Outcome {
+            ruststream::subscriber::Outcome::Ack(None)
         }
     }
-    impl ruststream::SendSubscriber for Zero {
+    impl ruststream::subscriber::SendSubscriber for Zero {
         fn handle_send(
             &self,
             body: Bytes,
-            scope: &ruststream::Scope<'_>,
-        ) -> impl Future<Output = ruststream::Outcome> + Send {
-            ruststream::Subscriber::handle(self, body, scope)
+            scope: &ruststream::subscriber::Scope<'_>,
+        ) -> impl Future<Output = ruststream::subscriber::Outcome> + Send {
+            ruststream::subscriber::Subscriber::handle(self, body, scope)
         }
     }
     let err = App::new()

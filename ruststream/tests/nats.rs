@@ -19,9 +19,9 @@ use common::{unique, until, within};
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::{JobQueueSettings, PressureState};
 use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
+use ruststream::subscriber::SubscriberConfig;
 use ruststream::{
-    App, Broker, Delivery, Envelope, Message, Result, SubscribeOptions, SubscriberConfig,
-    Subscription,
+    App, Broker, Delivery, Envelope, Message, Result, SubscribeOptions, Subscription,
 };
 
 const START: &str = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server \

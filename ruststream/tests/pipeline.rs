@@ -56,7 +56,10 @@ async fn rt2_default_loop_never_has_two_handler_calls_in_flight() {
         let broker = broker.clone();
         async move {
             for id in 0..SEQ_N as u64 {
-                broker.publish("seq.orders", &Order { id }).await.unwrap();
+                Publisher::new(broker.clone())
+                    .publish("seq.orders", &Order { id })
+                    .await
+                    .unwrap();
             }
         }
     });
@@ -99,7 +102,7 @@ async fn jq24_10_malformed_payload_never_reaches_the_handler() {
         .unwrap();
 
     // A request with a malformed payload gets ProtocolError, not a timeout.
-    let err = broker
+    let err = Publisher::new(broker.clone())
         .request::<_, Order>("malformed.orders", &"not an order", Duration::from_secs(5))
         .await
         .unwrap_err();
@@ -120,7 +123,7 @@ async fn jq24_10_malformed_payload_never_reaches_the_handler() {
     }
 
     // A valid message still flows, proving the loop is alive.
-    let ok: Order = broker
+    let ok: Order = Publisher::new(broker.clone())
         .request("malformed.orders", &Order { id: 5 }, Duration::from_secs(5))
         .await
         .unwrap();
@@ -290,7 +293,7 @@ async fn a_request_whose_handler_gives_up_gets_a_handler_error() {
         .start()
         .await
         .unwrap();
-    let err = broker
+    let err = Publisher::new(broker.clone())
         .request::<_, String>("failing.requests", &"q", Duration::from_secs(5))
         .await
         .unwrap_err();

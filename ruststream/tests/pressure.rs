@@ -10,9 +10,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{Gate, queue, until, within};
+use ruststream::binding::memory::{CoreHwm, CoreHwmProfile};
+use ruststream::binding::reply_result;
 use ruststream::ingress::{JobQueueProfile, JobQueueSettings, PressureState};
 use ruststream::prelude::*;
-use ruststream::{CoreHwm, CoreHwmProfile, Error, SubscribeOptions, reply_result};
+use ruststream::{Error, SubscribeOptions};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 

@@ -15,9 +15,9 @@ use common::{unique, until, within};
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::JobQueueSettings;
 use ruststream::rabbitmq::RabbitBroker;
+use ruststream::subscriber::SubscriberConfig;
 use ruststream::{
-    App, Broker, Delivery, Message, Requester, Result, SubscribeOptions, SubscriberConfig,
-    Subscription, header,
+    App, Broker, Delivery, Message, Requester, Result, SubscribeOptions, Subscription, header,
 };
 
 const START: &str = "rabbitmq-server -detached with a loopback-only config (see \

@@ -285,7 +285,7 @@ async fn count_never_exceeds_the_permits_held() {
     // Reads could ask for 100 records; the permits say otherwise.
     let redis = quick().read_count(100).connect(&url()).await.unwrap();
     let blocked = Blocked::new(
-        ruststream::SubscriberConfig::new(stream.as_str())
+        ruststream::subscriber::SubscriberConfig::new(stream.as_str())
             .queue_group("counted")
             .receive_flow(false)
             .workers_by_key(2),

@@ -11,9 +11,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{frame, queue, until, within};
+use ruststream::binding::memory::CoreHwm;
 use ruststream::ingress::JobQueueSettings;
 use ruststream::prelude::*;
-use ruststream::{CoreHwm, Error, SubscribeOptions};
+use ruststream::{Error, SubscribeOptions};
 use tokio::sync::Notify;
 
 /// The text of a delivery's payload.

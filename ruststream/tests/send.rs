@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{Gate, counter, frame, install_metrics, queue, until, within};
+use ruststream::binding::memory::CoreHwm;
 use ruststream::prelude::*;
-use ruststream::{CoreHwm, Error, SubscribeOptions, header, metrics};
+use ruststream::{Error, SubscribeOptions, header, metrics};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 

@@ -7,9 +7,10 @@ mod common;
 use std::time::Duration;
 
 use common::{Gate, counter, install_metrics, observe, queue, until, within};
+use ruststream::binding::reply_result;
 use ruststream::ingress::JobQueueSettings;
 use ruststream::prelude::*;
-use ruststream::{Envelope, Error, metrics, reply_result};
+use ruststream::{Envelope, Error, metrics};
 
 static P16_GATE: Gate = Gate::new();
 

@@ -30,7 +30,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::ingress::{JobQueue, ReceiveFlow};
-use crate::{Envelope, Message, Result, Text};
+use crate::message::header;
+use crate::{Envelope, Error, Message, Result, Text};
 
 /// What a subscriber asks a broker for.
 #[derive(Clone, Debug)]
@@ -321,6 +322,19 @@ pub trait Requester: Broker {
         timeout: Duration,
     ) -> impl Future<Output = Result<Envelope>> + Send {
         let reply = self.send_request(subject, message, timeout);
-        async move { crate::reply_result(reply.await?) }
+        async move { reply_result(reply.await?) }
+    }
+}
+
+/// Maps a reply's status header to a result: what
+/// [`Requester::request_message`] does with the reply
+/// [`Requester::send_request`] returns.
+pub fn reply_result(reply: Envelope) -> Result<Envelope> {
+    let error = || reply.headers().get(header::ERROR).unwrap_or("").to_owned();
+    match reply.headers().get(header::STATUS) {
+        Some("protocol-error") => Err(Error::Protocol(error())),
+        Some("handler-error") => Err(Error::Handler(error())),
+        Some("structural-limit") => Err(Error::StructuralLimit(error())),
+        _ => Ok(reply),
     }
 }

@@ -120,8 +120,8 @@ impl AppHandle {
     /// delivery, so it is a configuration mistake.
     pub(crate) fn check_state(
         &self,
-        config: &crate::SubscriberConfig,
-        (handler, states): (&'static str, Vec<crate::StateKey>),
+        config: &crate::subscriber::SubscriberConfig,
+        (handler, states): (&'static str, Vec<crate::subscriber::StateKey>),
     ) -> crate::Result<()> {
         match states
             .iter()

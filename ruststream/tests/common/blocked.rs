@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use ruststream::bytes::Bytes;
-use ruststream::{BoxError, Json, Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
+use ruststream::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
+use ruststream::{BoxError, Json};
 
 use super::Gate;
 

@@ -32,7 +32,7 @@ impl Gate {
 
 /// Bytes a queued frame with a `payload`-byte payload and no headers owns.
 pub fn frame(payload: usize) -> usize {
-    payload + ruststream::FRAME_OVERHEAD
+    payload + ruststream::binding::memory::FRAME_OVERHEAD
 }
 
 /// Waits until `cond` holds, re-checking every millisecond; fails loudly
@@ -142,7 +142,10 @@ pub fn counter(name: &str, label_key: &str, label_value: &str) -> u64 {
 }
 
 /// The memory broker's queue for `subject`, as it is now.
-pub fn queue(broker: &ruststream::MemoryBroker, subject: &str) -> ruststream::QueueStats {
+pub fn queue(
+    broker: &ruststream::MemoryBroker,
+    subject: &str,
+) -> ruststream::binding::memory::QueueStats {
     broker
         .queues()
         .into_iter()

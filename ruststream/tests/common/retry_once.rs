@@ -4,10 +4,8 @@
 use std::time::Duration;
 
 use ruststream::bytes::Bytes;
-use ruststream::{
-    App, BoxError, Broker, Envelope, Json, MainRuntime, Outcome, RunningApp, Scope, SendSubscriber,
-    Subscriber, SubscriberConfig,
-};
+use ruststream::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
+use ruststream::{App, BoxError, Broker, Envelope, Json, MainRuntime, RunningApp};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 /// Asks for a retry on its first run; records what comes back.

@@ -9,13 +9,14 @@ use super::inbox::Inbox;
 use super::registry::Registry;
 use super::shared::BrokerShared;
 use super::{Connection, Inner, MemoryBroker, NEXT_BROKER_ID, ReceiveRound};
-use crate::CoreHwm;
+use crate::config::CoreHwm;
 
 /// Settings for a [`MemoryBroker`].
 ///
 /// ```
 /// use std::time::Duration;
-/// use ruststream::{CoreHwm, CoreHwmProfile, MemoryBroker};
+/// use ruststream::MemoryBroker;
+/// use ruststream::binding::memory::{CoreHwm, CoreHwmProfile};
 ///
 /// let broker = MemoryBroker::builder()
 ///     .hwm(CoreHwm::profile(CoreHwmProfile::Small).budget_bytes(256 * 1024))

@@ -55,6 +55,8 @@ use std::time::Duration;
 
 pub use self::lanes::{ROUND_RECORDS, ReceiveRound};
 pub use self::queue::QueueStats;
+pub use crate::config::{CoreHwm, CoreHwmProfile};
+pub use crate::message::FRAME_OVERHEAD;
 pub use builder::MemoryBrokerBuilder;
 pub use delivery::{LaneRequester, MemoryDelivery, MemorySubscription};
 pub(crate) use publish::Deadline;

@@ -132,8 +132,7 @@ pub(crate) struct Publish<'a, 's> {
 }
 
 impl Publish<'_, '_> {
-    /// Makes this the publish of a request (see [`Publish::request`]): the
-    /// route lookup that admits it also finds whether anyone responds.
+    /// Makes this the publish of a request: the route lookup that admits it also finds whether anyone responds.
     pub(super) fn request(mut self) -> Self {
         self.request = true;
         self

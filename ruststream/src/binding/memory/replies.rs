@@ -173,6 +173,6 @@ impl LaneRequester {
         let reply = broker
             .request_via(Some(self.lane), subject, message, timeout)
             .await?;
-        crate::reply_result(reply)
+        crate::binding::reply_result(reply)
     }
 }

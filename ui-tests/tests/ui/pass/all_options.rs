@@ -41,12 +41,12 @@ async fn audit(order: Order) {
 }
 
 fn main() {
-    let config = ruststream::Subscriber::config(&confirm {});
+    let config = ruststream::subscriber::Subscriber::config(&confirm {});
     assert_eq!(config.subject(), "orders.created");
-    assert_eq!(config.get_max_attempts(), 5);
-    assert!(config.get_receive_flow(), "queue-group subscribers are request/reply sources");
-    assert!(!ruststream::Subscriber::config(&audit {}).get_receive_flow());
-    assert!(!ruststream::Subscriber::config(&delete {}).get_receive_flow());
+    assert_eq!(config.retry_budget(), 5);
+    assert!(config.pausable(), "queue-group subscribers are request/reply sources");
+    assert!(!ruststream::subscriber::Subscriber::config(&audit {}).pausable());
+    assert!(!ruststream::subscriber::Subscriber::config(&delete {}).pausable());
     let _app = App::new()
         .broker(MemoryBroker::new())
         .subscriber(confirm)

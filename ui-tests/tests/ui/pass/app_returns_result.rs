@@ -21,7 +21,7 @@ async fn main() -> ruststream::Result<()> {
         .subscriber(greet)
         .start()
         .await?;
-    let reply: Greeting = broker
+    let reply: Greeting = Publisher::new(broker)
         .request(
             "greetings",
             &Greeting { name: "ada".into() },
