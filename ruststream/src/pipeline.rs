@@ -18,7 +18,8 @@ use std::task::{Context, Poll};
 use crate::accept::{AcceptLayer, Verdict};
 use crate::binding::{Broker, Delivery, RetryAfter};
 use crate::host::AppHandle;
-use crate::host::Stop;
+use tokio_util::sync::CancellationToken;
+
 use crate::message::header;
 pub(crate) use crate::subscriber::Outcome;
 use crate::subscriber::{Subscriber, SubscriberConfig};
@@ -35,7 +36,7 @@ pub(crate) struct Unit<B, S> {
     pub(crate) app: AppHandle,
     /// Set when the shutdown timeout expires (RT-10): a handler still running
     /// is dropped with its delivery unsettled, so the broker redelivers it.
-    pub(crate) abort: Stop,
+    pub(crate) abort: CancellationToken,
 }
 
 /// What [`Unit::check`] decided before the handler.
@@ -76,7 +77,7 @@ macro_rules! invoke {
         let unit = $unit;
         let delivery = $delivery;
         // Not started (so not registered anywhere) unless something waits.
-        let mut aborted = ::std::pin::pin!(unit.abort.wait());
+        let mut aborted = ::std::pin::pin!(unit.abort.cancelled());
         let scope =
             $crate::subscriber::Scope::new($crate::Delivery::envelope(&delivery), &unit.app);
         let outcome = {

@@ -99,7 +99,7 @@ pub(crate) fn schedule_retry<B: Broker>(
         let due = Instant::now() + delay;
         tokio::select! {
             () = tokio::time::sleep_until(due) => {}
-            () = flush.wait() => {}
+            () = flush.cancelled() => {}
         }
         let remaining = due.saturating_duration_since(Instant::now());
         let message = env.retry_copy(remaining);

@@ -11,6 +11,8 @@ use crate::accept::AcceptLayer;
 use crate::binding::erased::BoxFuture;
 use crate::binding::{Broker, Subscription};
 use crate::exec;
+use tokio_util::sync::CancellationToken;
+
 use crate::host::{AppHandle, Stop};
 use crate::ingress::SourceRegistration;
 use crate::pipeline::Unit;
@@ -21,7 +23,7 @@ pub(crate) struct StartContext {
     pub(crate) layers: Arc<[Arc<dyn AcceptLayer>]>,
     pub(crate) stop: Stop,
     /// Set when the shutdown timeout expires: handlers in hand are dropped.
-    pub(crate) abort: Stop,
+    pub(crate) abort: CancellationToken,
     pub(crate) app: AppHandle,
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::AppHandle;
 use super::hooks::{self, Hooks};
@@ -36,7 +37,9 @@ use crate::{Error, Result, metrics};
 pub struct RunningApp {
     app: AppHandle,
     stop: Stop,
-    abort: Stop,
+    /// Set when the shutdown timeout expires: handlers still running are
+    /// dropped, their deliveries unsettled.
+    abort: CancellationToken,
     loops: Vec<JoinHandle<()>>,
     brokers: Vec<Arc<dyn ErasedBroker>>,
     /// Behind a mutex only to make `RunningApp` `Sync` (hooks need not be).
@@ -84,7 +87,7 @@ impl RunningApp {
         }
         hooks::run(hooks.on_startup, &app, "on_startup", true).await?;
         let stop = Stop::default();
-        let abort = Stop::default();
+        let abort = CancellationToken::new();
         let mut running = RunningApp {
             app: app.clone(),
             stop: stop.clone(),
@@ -141,7 +144,7 @@ impl RunningApp {
     /// Resolves when a shutdown was requested from inside the app: a
     /// fail-fast subscriber gave up, or [`AppHandle::request_shutdown`].
     pub async fn wait(&self) {
-        self.app.shutdown_requested().wait().await
+        self.app.shutdown_requested().cancelled().await
     }
 
     /// Ordered graceful shutdown (RT-9), bounded by the shutdown timeout if
@@ -159,7 +162,7 @@ impl RunningApp {
         self.app.request_shutdown();
         // The timeout (or `force`) flips this once; every bounded phase
         // below races it, and a phase after expiry does not wait at all.
-        let expired = Stop::default();
+        let expired = CancellationToken::new();
         let deadline = self.shutdown_timeout.map(|t| Instant::now() + t);
         let timer = tokio::spawn({
             let expired = expired.clone();
@@ -170,8 +173,11 @@ impl RunningApp {
                         None => pending().await,
                     }
                 };
-                Stop::race(timeout, force).await;
-                expired.stop();
+                tokio::select! {
+                    () = timeout => {}
+                    () = force => {}
+                }
+                expired.cancel();
             }
         });
         let mut first_error = None;
@@ -180,7 +186,7 @@ impl RunningApp {
         let on_shutdown = take(&self.on_shutdown);
         let hooks_done = tokio::select! {
             r = hooks::run(on_shutdown, &self.app, "on_shutdown", false) => Some(r),
-            () = expired.wait() => None,
+            () = expired.cancelled() => None,
         };
         match hooks_done {
             Some(Err(err)) => {
@@ -196,7 +202,7 @@ impl RunningApp {
         let mut loops = join_all(self.loops.drain(..));
         let joined = tokio::select! {
             joined = &mut loops => Some(joined),
-            () = expired.wait() => None,
+            () = expired.cancelled() => None,
         };
         let joined = match joined {
             Some(joined) => joined,
@@ -204,7 +210,7 @@ impl RunningApp {
                 // RT-10: abort what still runs. Aborted handlers' deliveries
                 // are dropped unsettled, so the broker redelivers them.
                 tracing::warn!("shutdown timeout expired: aborting handlers still running");
-                self.abort.stop();
+                self.abort.cancel();
                 metrics::aborted(1);
                 loops.await
             }
@@ -217,10 +223,10 @@ impl RunningApp {
         }
 
         // 4. Tracked follow-ups finish; retry timers publish now.
-        self.app.flush_retries().stop();
+        self.app.flush_retries().cancel();
         tokio::select! {
             () = self.app.wait_tracked() => {}
-            () = expired.wait() => {
+            () = expired.cancelled() => {
                 tracing::warn!(
                     detached = self.app.tracked(),
                     "shutdown timeout expired: unfinished tracked tasks detached"

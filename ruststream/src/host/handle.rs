@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::Stop;
 use crate::binding::Broker;
 use crate::binding::erased::ErasedBroker;
 use crate::ingress::{JobQueue, JobQueueSettings, Pressure};
@@ -39,9 +39,9 @@ struct Inner {
     /// The app's job queue: one permit pool for every subscription (JQ-2).
     jobs: Arc<JobQueue>,
     /// Asks pending `retry_after` timers to publish at once (RT-10).
-    flush_retries: Stop,
+    flush_retries: CancellationToken,
     /// Asks the app to shut down (fail-fast, `RunningApp::shutdown`).
-    shutdown: Stop,
+    shutdown: CancellationToken,
     /// Every registered broker, for typed publisher lookups.
     brokers: Vec<Arc<dyn ErasedBroker>>,
 }
@@ -70,8 +70,8 @@ impl AppHandle {
                 state,
                 after_ack,
                 jobs: JobQueue::new(jobs)?,
-                flush_retries: Stop::default(),
-                shutdown: Stop::default(),
+                flush_retries: CancellationToken::new(),
+                shutdown: CancellationToken::new(),
                 brokers,
             }),
         })
@@ -139,7 +139,7 @@ impl AppHandle {
     /// Asks the app to shut down gracefully, from anywhere (a handler, a hook,
     /// another task). `App::run` and `RunningApp::wait` return to shut down.
     pub fn request_shutdown(&self) {
-        self.inner.shutdown.stop();
+        self.inner.shutdown.cancel();
     }
 
     /// Spawns `future` on the app runtime, tracked: a graceful shutdown waits
@@ -163,11 +163,11 @@ impl AppHandle {
         }
     }
 
-    pub(crate) fn shutdown_requested(&self) -> &Stop {
+    pub(crate) fn shutdown_requested(&self) -> &CancellationToken {
         &self.inner.shutdown
     }
 
-    pub(crate) fn flush_retries(&self) -> &Stop {
+    pub(crate) fn flush_retries(&self) -> &CancellationToken {
         &self.inner.flush_retries
     }
 
