@@ -16,6 +16,9 @@ cargo fmt --all --check
 step "cargo clippy --workspace --all-targets --all-features -- -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "cargo doc (links resolve, no warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+
 step "book: every {{#include}} points at a file"
 missing=0
 while IFS=: read -r page include; do

@@ -1,4 +1,4 @@
-//! `#[ruststream::app]`: `async fn main` on a Tokio runtime (RT-1).
+//! `#[ruststream::app]`: `async fn main` on a Tokio runtime.
 
 use darling::FromMeta;
 use darling::ast::NestedMeta;

@@ -9,7 +9,7 @@ mod subscriber;
 
 use proc_macro::TokenStream;
 
-/// Turns `async fn main` into a program that runs on a Tokio runtime (RT-1).
+/// Turns `async fn main` into a program that runs on a Tokio runtime.
 ///
 /// Arguments: `flavor = "multi_thread"` (default) or `"current_thread"`,
 /// `worker_threads = n` (multi-thread only), and `shutdown_timeout = "30s"`

@@ -1,4 +1,4 @@
-//! Accept layers: checks that run on every delivery before decode (RT-7), such
+//! Accept layers: checks that run on every delivery before decode, such
 //! as filters, authorization or deduplication. The first layer added runs
 //! first; the first verdict other than `Accept` settles the delivery and the
 //! handler never runs.

@@ -28,7 +28,7 @@ pub trait Codec: Send + Sync + 'static {
     /// MIME type, for brokers that carry one.
     const CONTENT_TYPE: &'static str;
 
-    /// Decodes a payload. An error marks the message malformed (JQ-13): it never
+    /// Decodes a payload. An error marks the message malformed: it never
     /// reaches the handler.
     fn decode<T: DeserializeOwned>(payload: &Bytes) -> Result<T, BoxError>;
 

@@ -1,8 +1,8 @@
-//! Core settings (JQ-1, JQ-3): the byte high-water mark of a binding's receive
+//! Core settings: the byte high-water mark of a binding's receive
 //! queues. These belong to the Core alone; the application job queue has its
 //! own settings and never derives one from the other.
 
-/// Named sizes for a Core's byte high-water marks (JQ-3). Default `Balanced`.
+/// Named sizes for a Core's byte high-water marks. Default `Balanced`.
 ///
 /// | profile | budget per receive queue | memory limit per broker |
 /// |---|---|---|
@@ -38,7 +38,7 @@ impl CoreHwmProfile {
     }
 }
 
-/// Core HWM settings (JQ-3): `CoreHwmProfile`, `CoreHwmBudgetBytes` (bytes one
+/// Core HWM settings: `CoreHwmProfile`, `CoreHwmBudgetBytes` (bytes one
 /// receive queue may own) and `CoreHwmMemoryLimitBytes` (bytes all receive
 /// queues of one broker may own together). Overrides win over the profile.
 ///

@@ -18,7 +18,7 @@ mod sealed {
 }
 
 /// Which runtime a [`Ctx`] can hand work to: [`Here`] (nothing extra, the
-/// default) or [`MainRuntime`] (RT-6).
+/// default) or [`MainRuntime`].
 pub trait CtxRuntime: sealed::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     type Handle: Clone + Send + Sync + 'static;
@@ -31,9 +31,9 @@ pub trait CtxRuntime: sealed::Sealed + Send + Sync + 'static {
 pub struct Here;
 
 /// `Ctx<MainRuntime>` can [`spawn`](Ctx::spawn) and [`run`](Ctx::run) futures
-/// on the application runtime, tracked by the app (RT-6, RT-8). Useful from
+/// on the application runtime, tracked by the app. Useful from
 /// `threads(n)` handlers, whose own runtime ends with their thread: a plain
-/// `tokio::spawn` there is not tracked and dies with the thread (RT-11).
+/// `tokio::spawn` there is not tracked and dies with the thread.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MainRuntime;
 
@@ -95,7 +95,7 @@ impl<R: CtxRuntime> Ctx<R> {
 
     /// Runs `continuation` after this delivery is acked, as a task the app
     /// tracks: it starts at most once, only if the handler succeeds, and a
-    /// graceful shutdown waits for it (RT-8).
+    /// graceful shutdown waits for it.
     ///
     /// ```
     /// use ruststream::prelude::*;
@@ -113,8 +113,8 @@ impl<R: CtxRuntime> Ctx<R> {
     /// a tracked timer republishes it to its subject with the attempt count
     /// plus one. Past the subscriber's `max_attempts` it is rejected
     /// (dead-lettered) instead. A timer pending at shutdown publishes at once,
-    /// with the remaining delay in a header the next consumer honours (RT-8,
-    /// RT-10). Brokers that can hold the delay (RabbitMQ, JetStream) keep it
+    /// with the remaining delay in a header the next consumer honours.
+    /// Brokers that can hold the delay (RabbitMQ, JetStream) keep it
     /// instead of a timer, and the retry survives a crash
     /// ([`Delivery::retry_after`](crate::Delivery::retry_after)).
     pub fn retry_after(&self, delay: Duration) {
@@ -183,7 +183,7 @@ impl<R: CtxRuntime> Ctx<R> {
 
 impl Ctx<MainRuntime> {
     /// Runs `future` on the application runtime, tracked by the app: a
-    /// graceful shutdown waits for it (RT-6, RT-8).
+    /// graceful shutdown waits for it.
     ///
     /// ```
     /// use ruststream::prelude::*;

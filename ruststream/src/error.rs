@@ -16,7 +16,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The operation did not complete before its deadline (JQ-19): a publish
+    /// The operation did not complete before its deadline: a publish
     /// waited for queue space that did not free up in time, or every waiter slot
     /// was taken.
     #[error("deadline exceeded: {0}")]
@@ -28,10 +28,10 @@ pub enum Error {
     #[error("no subscriber for request subject `{0}`")]
     NoResponders(String),
     /// A fixed structural limit refused the operation (a message larger than a
-    /// queue can ever hold, an owner FIFO at its count or byte limit; JQ-21).
+    /// queue can ever hold, an owner FIFO at its count or byte limit).
     #[error("structural limit: {0}")]
     StructuralLimit(String),
-    /// The peer could not decode what was sent (JQ-13): a request answered with
+    /// The peer could not decode what was sent: a request answered with
     /// `ProtocolError`, or a malformed payload.
     #[error("protocol error: {0}")]
     Protocol(String),

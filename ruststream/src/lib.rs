@@ -31,8 +31,9 @@
 //! # Ok::<_, ruststream::Error>(()) }).unwrap();
 //! ```
 //!
-//! Requirement IDs (`RT-n`, `JQ-n`) in these docs refer to the project's
-//! requirements digest.
+//! The user guide (the `book/` folder of the repository) explains every
+//! feature with tested examples; its "Guarantees" chapter lists what the
+//! runtime promises and the test that checks each promise.
 #![deny(missing_docs)]
 
 mod accept;

@@ -348,7 +348,7 @@ impl Envelope {
     }
 
     /// Bytes a queue holding this frame owns: payload, headers and the
-    /// frame's own bookkeeping. What a byte high-water mark charges (JQ-1).
+    /// frame's own bookkeeping. What a byte high-water mark charges.
     #[inline]
     pub fn frame_bytes(&self) -> usize {
         self.message.byte_len() + FRAME_OVERHEAD

@@ -3,30 +3,30 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `ruststream_malformed_total` | counter | `subject` | payloads that failed decode and never reached a handler (JQ-13) |
-//! | `ruststream_oversized_total` | counter | `subject` | messages over the subscriber's `max_message_size`, refused before decode (JQ-20) |
-//! | `ruststream_late_replies_total` | counter | `binding` | replies that arrived after their request ended (first terminal wins; JQ-17): `memory`, `redis` |
+//! | `ruststream_malformed_total` | counter | `subject` | payloads that failed decode and never reached a handler |
+//! | `ruststream_oversized_total` | counter | `subject` | messages over the subscriber's `max_message_size`, refused before decode |
+//! | `ruststream_late_replies_total` | counter | `binding` | replies that arrived after their request ended (first terminal wins): `memory`, `redis` |
 //! | `ruststream_connection_events_total` | counter | `binding`, `event` | connection events of a broker client: `disconnected`, `connected`, `slow_consumer`, `pull_failed`, … |
 //! | `ruststream_handler_errors_total` | counter | `subject` | handler errors and panics |
 //! | `ruststream_rejected_total` | counter | `subject` | deliveries rejected (dead-lettered or dropped) |
 //! | `ruststream_attempts_exhausted_total` | counter | `subject` | deliveries past `max_attempts` that no earlier run settled (a crash loop), dead-lettered before the handler |
 //! | `ruststream_unreadable_headers_total` | counter | `binding` | received headers (or fields) whose name or value is not valid UTF-8, dropped from the message; the message itself is handled |
-//! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` (JQ-19) |
+//! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` |
 //! | `ruststream_settle_errors_total` | counter | `subject` | ack/nack/reject calls the broker refused |
 //! | `ruststream_retry_lost_total` | counter | `subject` | `retry_after` republishes the broker refused |
-//! | `ruststream_pressure_transitions_total` | counter | `to` | RUNNING/PAUSED transitions of the job queue (JQ-14) |
+//! | `ruststream_pressure_transitions_total` | counter | `to` | RUNNING/PAUSED transitions of the job queue |
 //! | `ruststream_pressure_paused` | gauge | | 1 while the job queue is PAUSED |
 //! | `ruststream_aborted_total` | counter | | handlers aborted by the shutdown timeout (their deliveries stay unsettled) |
-//! | `ruststream_jobs_in_use` | gauge | | job permits in use: reserved by a receive loop or travelling with a queued job (JQ-2) |
-//! | `ruststream_job_waiters` | gauge | | receive loops waiting for a job permit: the shared-cap wait (JQ-5) |
+//! | `ruststream_jobs_in_use` | gauge | | job permits in use: reserved by a receive loop or travelling with a queued job |
+//! | `ruststream_job_waiters` | gauge | | receive loops waiting for a job permit: the shared-cap wait |
 //! | `ruststream_pressure_paused_seconds` | gauge | | total time the job queue has spent PAUSED |
-//! | `ruststream_structural_rejects_total` | counter | `subject` | requests an owner FIFO refused at its count or byte limit (`Error::StructuralLimit`, JQ-21) |
+//! | `ruststream_structural_rejects_total` | counter | `subject` | requests an owner FIFO refused at its count or byte limit (`Error::StructuralLimit`) |
 
 use crate::Text;
 
-/// Payloads that failed decode (JQ-13).
+/// Payloads that failed decode.
 pub const MALFORMED: &str = "ruststream_malformed_total";
-/// Messages over `max_message_size` (JQ-20).
+/// Messages over `max_message_size`.
 pub const OVERSIZED: &str = "ruststream_oversized_total";
 /// Replies that arrived after their request had ended.
 pub const LATE_REPLIES: &str = "ruststream_late_replies_total";
@@ -88,7 +88,7 @@ pub const DEADLINE_EXCEEDED: &str = "ruststream_deadline_exceeded_total";
 /// Settlement calls that failed.
 pub const SETTLE_ERRORS: &str = "ruststream_settle_errors_total";
 
-/// Pressure transitions (label `to` = `paused` | `running`), JQ-14.
+/// Pressure transitions (label `to` = `paused` | `running`).
 pub const PRESSURE_TRANSITIONS: &str = "ruststream_pressure_transitions_total";
 /// Current pressure state: 1 paused, 0 running.
 pub const PRESSURE_PAUSED: &str = "ruststream_pressure_paused";
@@ -99,13 +99,13 @@ pub(crate) fn pressure_transition(paused: bool) {
     metrics::gauge!(PRESSURE_PAUSED).set(if paused { 1.0 } else { 0.0 });
 }
 
-/// Job permits in use (JQ-2).
+/// Job permits in use.
 pub const JOBS_IN_USE: &str = "ruststream_jobs_in_use";
-/// Receive loops waiting for a job permit (JQ-5).
+/// Receive loops waiting for a job permit.
 pub const JOB_WAITERS: &str = "ruststream_job_waiters";
 /// Total seconds the job queue has been PAUSED.
 pub const PRESSURE_PAUSED_SECONDS: &str = "ruststream_pressure_paused_seconds";
-/// Requests refused by an owner FIFO's structural limit (JQ-21).
+/// Requests refused by an owner FIFO's structural limit.
 pub const STRUCTURAL_REJECTS: &str = "ruststream_structural_rejects_total";
 
 /// The handle of [`JOBS_IN_USE`], registered once per job queue: a per-permit

@@ -1,5 +1,5 @@
-//! One delivery, start to settlement (RT-7): context → accept layers → decode →
-//! handler → reply → ack. Malformed input stops before the handler (JQ-13);
+//! One delivery, start to settlement: context → accept layers → decode →
+//! handler → reply → ack. Malformed input stops before the handler;
 //! handler errors and panics end in `nack` until `max_attempts`, then `reject`.
 //! A delivery already past `max_attempts` — its handler never settled it,
 //! because the process died in it — is dead-lettered before the handler.
@@ -34,7 +34,7 @@ pub(crate) struct Unit<B, S> {
     pub(crate) config: SubscriberConfig,
     pub(crate) layers: Arc<[Arc<dyn AcceptLayer>]>,
     pub(crate) app: AppHandle,
-    /// Set when the shutdown timeout expires (RT-10): a handler still running
+    /// Set when the shutdown timeout expires: a handler still running
     /// is dropped with its delivery unsettled, so the broker redelivers it.
     pub(crate) abort: CancellationToken,
 }
@@ -53,9 +53,9 @@ pub(crate) enum Early {
     RetryDelay(std::time::Duration),
     /// An accept layer said skip (ack), retry (nack) or reject.
     Layer(Verdict),
-    /// The payload did not decode (JQ-13).
+    /// The payload did not decode.
     Malformed(BoxError),
-    /// Headers + payload exceed the subscriber's `max_message_size` (JQ-20):
+    /// Headers + payload exceed the subscriber's `max_message_size`:
     /// refused before decode.
     Oversized(usize),
     /// Delivered more often than `max_attempts` allows (the attempt it
@@ -65,7 +65,7 @@ pub(crate) enum Early {
 }
 
 /// Runs one handler future, with panics caught, and its settlement, unless
-/// the shutdown timeout aborts it first (RT-10): an aborted delivery is
+/// the shutdown timeout aborts it first: an aborted delivery is
 /// dropped unsettled, never acked.
 ///
 /// A macro rather than an `async fn` so that a loop can run a delivery inside
@@ -296,7 +296,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         }
     }
 
-    /// JQ-13: a payload that does not decode never reaches the handler. A
+    /// a payload that does not decode never reaches the handler. A
     /// request gets a `protocol-error` reply; the message is rejected (to the
     /// dead-letter subject when configured), logged and counted.
     async fn malformed<D: Delivery>(&self, delivery: D, err: BoxError) {
@@ -307,7 +307,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
 
     /// A record refused before decode (malformed, oversized): a request
     /// caller gets `Error::Protocol`, a one-way message is rejected and only
-    /// recorded (JQ-13, JQ-20). The handler never sees it.
+    /// recorded. The handler never sees it.
     async fn refused<D: Delivery>(&self, delivery: D, err: BoxError) {
         let env = delivery.envelope();
         tracing::warn!(
@@ -322,7 +322,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         self.settled(delivery.reject(&reason).await);
     }
 
-    /// A request its owner FIFO refused (JQ-10, JQ-21): the caller gets
+    /// A request its owner FIFO refused: the caller gets
     /// `Error::StructuralLimit` at once, and the delivery is settled — the
     /// refusal is its outcome, told to the one caller that can act on it.
     /// `reason` is said once, in plain words: the caller's error adds what

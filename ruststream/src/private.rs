@@ -295,7 +295,7 @@ macro_rules! __outcome {
     }};
 }
 
-/// Runtime settings from `#[ruststream::app(...)]` (RT-1).
+/// Runtime settings from `#[ruststream::app(...)]`.
 #[derive(Clone, Copy, Debug)]
 pub struct RuntimeConfig {
     /// `flavor = "current_thread"`.
@@ -335,7 +335,7 @@ impl<T: MainOutput, E: std::fmt::Display> MainOutput for Result<T, E> {
     }
 }
 
-/// Builds the runtime (RT-1) and runs `main`'s body on it.
+/// Builds the runtime and runs `main`'s body on it.
 pub fn run_main<F, Fut>(config: RuntimeConfig, main: F) -> std::process::ExitCode
 where
     F: FnOnce() -> Fut,

@@ -1,5 +1,5 @@
 //! [`Publisher`]: a typed handle for sending — one codec, one default
-//! deadline, one binding operation per send (JQ-18, JQ-19).
+//! deadline, one binding operation per send.
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -13,12 +13,12 @@ use crate::{Codec, Envelope, Error, Json, Message, Result};
 
 /// A typed publisher on broker `B` with codec `C` (JSON by default).
 ///
-/// Every send is exactly one binding operation (JQ-18): where the broker's
+/// Every send is exactly one binding operation: where the broker's
 /// queue is full it waits for space until the send's deadline and then fails
 /// with [`Error::DeadlineExceeded`] — never retried, never re-targeted
-/// (JQ-19). A waiting send holds no job permit and no execution slot: other
+/// . A waiting send holds no job permit and no execution slot: other
 /// deliveries keep running. Requests do not wait for queue space on the
-/// reply side: replies complete the caller directly (JQ-6).
+/// reply side: replies complete the caller directly.
 ///
 /// Get one from [`Publisher::new`], from a handler's
 /// [`Ctx::publisher`](crate::Ctx::publisher), or from
@@ -93,7 +93,7 @@ impl<B: Broker, C: Codec> Publisher<B, C> {
         }
     }
 
-    /// How long one send may wait for queue space (JQ-19); the default is the
+    /// How long one send may wait for queue space; the default is the
     /// broker's own publish timeout.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
@@ -144,7 +144,7 @@ impl<B: Broker, C: Codec> Publisher<B, C> {
 impl<B: Requester, C: Codec> Publisher<B, C> {
     /// Sends `value` as a request and decodes the reply. Failures of the
     /// other side come back as their own variants: [`Error::Protocol`] (the
-    /// request could not be decoded there, JQ-13), [`Error::Handler`],
+    /// request could not be decoded there), [`Error::Handler`],
     /// [`Error::StructuralLimit`]; no reply in time is [`Error::Timeout`].
     ///
     /// ```

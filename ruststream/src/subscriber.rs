@@ -44,15 +44,15 @@ pub struct SubscriberConfig {
     pub(crate) max_message_size: usize,
 }
 
-/// How a subscriber's deliveries are scheduled (RT-2 … RT-5).
+/// How a subscriber's deliveries are scheduled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Mode {
-    /// One delivery at a time, in order (RT-2). The default.
+    /// One delivery at a time, in order. The default.
     #[default]
     Sequential,
     /// `n` worker tasks on the app runtime, each with a mailbox of one; at most
-    /// `n` deliveries in flight (RT-3). With `by_key`, deliveries of one key
-    /// run one at a time in arrival order (RT-4).
+    /// `n` deliveries in flight. With `by_key`, deliveries of one key
+    /// run one at a time in arrival order.
     Workers {
         /// Worker tasks.
         n: usize,
@@ -60,7 +60,7 @@ pub enum Mode {
         by_key: bool,
     },
     /// `n` OS threads, each with its own current-thread runtime, fed through
-    /// rings of 8 slots; read-ahead at most `n × 9` (RT-5). Handlers may be
+    /// rings of 8 slots; read-ahead at most `n × 9`. Handlers may be
     /// `!Send`.
     Threads {
         /// Dedicated threads.
@@ -75,7 +75,7 @@ impl SubscriberConfig {
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 
     /// Default largest message (headers + payload) a subscriber accepts:
-    /// 64 KiB (JQ-20).
+    /// 64 KiB.
     pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 * 1024;
 
     /// Default `max_pending` per worker of a by-key subscriber.
@@ -121,25 +121,25 @@ impl SubscriberConfig {
     }
 
     /// Fail fast: when a delivery of this subscriber is given up (rejected
-    /// after its handler failed), the whole app shuts down (RT-9 trigger).
+    /// after its handler failed), the whole app shuts down.
     pub fn fail_fast(mut self, on: bool) -> Self {
         self.fail_fast = on;
         self
     }
 
-    /// `workers(n)`: `n` deliveries in flight at most (RT-3).
+    /// `workers(n)`: `n` deliveries in flight at most.
     pub fn workers(mut self, n: usize) -> Self {
         self.mode = Mode::Workers { n, by_key: false };
         self
     }
 
-    /// `workers(n, by_key)`: per-key order on `n` workers (RT-4).
+    /// `workers(n, by_key)`: per-key order on `n` workers.
     pub fn workers_by_key(mut self, n: usize) -> Self {
         self.mode = Mode::Workers { n, by_key: true };
         self
     }
 
-    /// `threads(n)`: dedicated OS threads (RT-5).
+    /// `threads(n)`: dedicated OS threads.
     pub fn threads(mut self, n: usize) -> Self {
         self.mode = Mode::Threads { n, by_key: false };
         self
@@ -159,7 +159,7 @@ impl SubscriberConfig {
     }
 
     /// Whether job-queue pressure may pause this subscriber's receive flow
-    /// (JQ-15). Default: on for queue-group subscribers — competing
+    /// . Default: on for queue-group subscribers — competing
     /// consumers are the request/reply sources of a service — and off for
     /// fan-out (pub/sub) subscribers, which pressure never pauses.
     pub fn receive_flow(mut self, on: bool) -> Self {
@@ -178,14 +178,14 @@ impl SubscriberConfig {
     /// for a key at its limit is refused at once: the caller gets
     /// [`Error::StructuralLimit`](crate::Error::StructuralLimit) and the
     /// refusal is counted (`ruststream_structural_rejects_total`). A one-way
-    /// message waits for its key's room instead (JQ-10, JQ-21).
+    /// message waits for its key's room instead.
     pub fn max_pending_per_key(mut self, n: usize) -> Self {
         self.max_pending_per_key = Some(n);
         self
     }
 
     /// Largest message (headers + payload, in bytes) this subscriber accepts
-    /// (default 64 KiB; JQ-20). A larger one is refused before decode: a
+    /// (default 64 KiB). A larger one is refused before decode: a
     /// request caller gets [`Error::Protocol`](crate::Error::Protocol), a
     /// one-way message is rejected (dead-lettered where configured) and
     /// counted in `ruststream_oversized_total`. The handler never sees it.
@@ -372,7 +372,7 @@ pub trait Subscriber: Send + Sync + 'static {
     /// Subject and settings.
     fn config(&self) -> SubscriberConfig;
 
-    /// Decodes a payload (JQ-13: a failure never reaches [`handle`](Self::handle)).
+    /// Decodes a payload (a failure never reaches [`handle`](Self::handle)).
     fn decode(&self, payload: &Bytes) -> Result<Self::Body, BoxError>;
 
     /// The ordering key of a delivery for `by_key` modes, as a hash. The

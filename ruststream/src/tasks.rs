@@ -1,4 +1,4 @@
-//! Tracked follow-up work of one delivery (RT-8): `Ctx::and_after`
+//! Tracked follow-up work of one delivery: `Ctx::and_after`
 //! continuations and `Ctx::retry_after` redeliveries. Both start only after
 //! the delivery is acked, run at most once, and are tracked by the app, so a
 //! graceful shutdown waits for them.
@@ -83,9 +83,9 @@ impl FollowUps {
 }
 
 /// Republishes `env`'s message to its subject after `delay`, counting one more
-/// attempt (RT-8), as a task the app tracks. At shutdown a pending timer does
+/// attempt, as a task the app tracks. At shutdown a pending timer does
 /// not wait: it publishes at once with the remaining delay in a header, so the
-/// next consumer re-arms it and nothing is lost (RT-10).
+/// next consumer re-arms it and nothing is lost.
 pub(crate) fn schedule_retry<B: Broker>(
     broker: &B,
     app: &AppHandle,

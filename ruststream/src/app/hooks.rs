@@ -1,4 +1,4 @@
-//! Lifecycle hooks (RT-9): async closures the app runs at startup and shutdown.
+//! Lifecycle hooks: async closures the app runs at startup and shutdown.
 
 use std::future::Future;
 

@@ -109,7 +109,7 @@ impl<B> App<B> {
         }
     }
 
-    /// Sizes the application job queue (JQ-3): one permit per record taken
+    /// Sizes the application job queue: one permit per record taken
     /// from a broker and not yet started by its handler, shared by every
     /// subscription. Invalid settings are a startup error.
     ///
@@ -128,7 +128,7 @@ impl<B> App<B> {
     }
 
     /// Runs `hook` after every acked delivery of every subscriber, as a task
-    /// the app tracks (RT-8): it starts after the ack, once per delivery, and
+    /// the app tracks: it starts after the ack, once per delivery, and
     /// a graceful shutdown waits for it.
     ///
     /// ```
@@ -158,7 +158,7 @@ impl<B> App<B> {
         self
     }
 
-    /// Bounds the graceful shutdown (RT-10). When it expires, handlers still
+    /// Bounds the graceful shutdown. When it expires, handlers still
     /// running are aborted (their deliveries stay unsettled and are
     /// redelivered) and unfinished tracked tasks are detached. Default: none,
     /// the shutdown waits for everything.
@@ -227,7 +227,7 @@ impl<B> App<B> {
     }
 
     /// Adds an accept layer run on every delivery of every subscriber, before
-    /// decode, in the order added (RT-7).
+    /// decode, in the order added.
     pub fn layer(mut self, layer: impl AcceptLayer) -> Self {
         self.layers.push(Arc::new(layer));
         self
@@ -236,7 +236,7 @@ impl<B> App<B> {
 
 impl<B: Broker> App<B> {
     /// Adds a subscriber on the current broker: a `#[subscriber]` function, or
-    /// any [`Subscriber`](crate::Subscriber) value.
+    /// any [`Subscriber`](crate::subscriber::Subscriber) value.
     pub fn subscriber<M>(mut self, subscriber: impl IntoSubscriber<M>) -> Self {
         self.units
             .push(subscriber.into_unit(self.current.clone()).0);
@@ -266,8 +266,8 @@ impl<B: Broker> App<B> {
 
     /// Starts the app and runs it until SIGINT or SIGTERM (or a shutdown
     /// requested from inside, e.g. by a fail-fast subscriber), then shuts down
-    /// in order (RT-9). A second SIGINT/SIGTERM during the shutdown takes the
-    /// timeout path at once (RT-10).
+    /// in order. A second SIGINT/SIGTERM during the shutdown takes the
+    /// timeout path at once.
     pub async fn run(self) -> Result<()> {
         let running = self.start().await?;
         tokio::select! {

@@ -40,7 +40,7 @@ pub(crate) trait StartUnit: Send {
 pub struct BoundSubscriber(pub(crate) Box<dyn StartUnit>);
 
 /// Subscribes, registers a request/reply source's receive-flow switch with
-/// the job queue (JQ-15: it gets the current pressure state first), and
+/// the job queue (it gets the current pressure state first), and
 /// builds the shared [`Unit`].
 async fn open<B: Broker, S: Subscriber>(
     broker: B,
@@ -78,7 +78,7 @@ struct Opened<B: Broker, S> {
 }
 
 /// Runs a loop, then takes its source out of the receive registry. (A
-/// binding's switch ignores transitions that race the close; JQ-17.)
+/// binding's switch ignores transitions that race the close.)
 fn spawn_loop(
     registration: Option<SourceRegistration>,
     run: impl Future<Output = ()> + Send + 'static,

@@ -1,4 +1,4 @@
-//! A started app and its ordered graceful shutdown (RT-9, RT-10).
+//! A started app and its ordered graceful shutdown.
 
 use std::future::{Future, pending};
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,7 @@ use crate::{Error, Result, metrics};
 
 /// A running app: its subscriber loops are live.
 ///
-/// [`shutdown`](RunningApp::shutdown) stops it in the order of RT-9:
+/// [`shutdown`](RunningApp::shutdown) stops it in this order:
 ///
 /// 1. `on_shutdown` hooks, brokers still connected;
 /// 2. every loop stops taking new deliveries;
@@ -30,7 +30,7 @@ use crate::{Error, Result, metrics};
 /// 5. brokers close in reverse registration order;
 /// 6. `after_shutdown` hooks.
 ///
-/// With a shutdown timeout (RT-10), steps 1–4 are bounded: when it expires,
+/// With a shutdown timeout, steps 1–4 are bounded: when it expires,
 /// handlers still running are aborted — their deliveries stay unsettled, so
 /// the broker redelivers them; they are never acked — and unfinished tracked
 /// tasks are left to finish on their own.
@@ -125,7 +125,7 @@ impl RunningApp {
     }
 
     /// Job-queue pressure: state, permits in use, max, pause count and time
-    /// paused (JQ-14).
+    /// paused.
     pub fn pressure(&self) -> crate::ingress::Pressure {
         self.app.pressure()
     }
@@ -147,8 +147,8 @@ impl RunningApp {
         self.app.shutdown_requested().cancelled().await
     }
 
-    /// Ordered graceful shutdown (RT-9), bounded by the shutdown timeout if
-    /// one is set (RT-10). Returns the first error met; every step still runs.
+    /// Ordered graceful shutdown, bounded by the shutdown timeout if
+    /// one is set. Returns the first error met; every step still runs.
     pub async fn shutdown(self) -> Result<()> {
         self.shutdown_or_force(pending()).await
     }

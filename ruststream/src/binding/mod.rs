@@ -1,13 +1,13 @@
 //! The Core binding seam: the traits every broker adapter implements.
 //!
-//! * [`Broker`]: subscribe, publish (one operation per call, JQ-18), close.
+//! * [`Broker`]: subscribe, publish (one operation per call), close.
 //! * [`Subscription`]: a source the runtime *pulls* from only when it has
-//!   capacity (RT-2); nothing runs ahead of the pull except the binding's own
-//!   receive queue, bounded by its byte HWM (JQ-1).
+//!   capacity; nothing runs ahead of the pull except the binding's own
+//!   receive queue, bounded by its byte HWM.
 //! * [`Delivery`]: one received message; settling consumes it, so a delivery
 //!   cannot be settled twice.
 //! * [`Requester`]: the request/reply capability; replies complete the caller
-//!   directly and never pass through a subscription (JQ-6).
+//!   directly and never pass through a subscription.
 //!
 //! The per-subscriber loop is generic over these traits: no boxing and no
 //! dynamic dispatch per message.
@@ -44,7 +44,7 @@ pub struct SubscribeOptions {
     /// Where `reject` sends a message; `None` drops it with a warning.
     pub dead_letter: Option<Text>,
     /// Whether this subscription is a request/reply source whose receive flow
-    /// the job queue's pressure state may pause (JQ-15). Plain pub/sub
+    /// the job queue's pressure state may pause. Plain pub/sub
     /// fan-out never is.
     pub receive_flow: bool,
     /// Deliveries of one message after which a broker that counts them
@@ -83,7 +83,7 @@ impl SubscribeOptions {
 
     /// Marks the subscription as a request/reply source: it exposes a
     /// receive-flow switch ([`Subscription::receive_flow`]) for the job
-    /// queue's pressure state (JQ-15).
+    /// queue's pressure state.
     pub fn receive_flow(mut self, on: bool) -> Self {
         self.receive_flow = on;
         self
@@ -113,9 +113,9 @@ pub trait Broker: Clone + Send + Sync + 'static {
         options: SubscribeOptions,
     ) -> impl Future<Output = Result<Self::Subscription>> + Send;
 
-    /// Publishes one message: exactly one binding operation (JQ-18). Where the
+    /// Publishes one message: exactly one binding operation. Where the
     /// broker's queues are full the binding waits for space until `deadline`
-    /// and then fails with [`Error::DeadlineExceeded`](crate::Error) (JQ-19).
+    /// and then fails with [`Error::DeadlineExceeded`](crate::Error).
     /// `None` uses the binding's default publish timeout.
     fn publish_message(
         &self,
@@ -133,7 +133,7 @@ pub trait Broker: Clone + Send + Sync + 'static {
 /// subscription has nothing to hand out: it waits for
 /// [`ready`](Subscription::ready) holding nothing, then takes a permit, then
 /// claims the delivery with [`try_next`](Subscription::try_next) without
-/// waiting (JQ-4), and returns the permit when the claim finds nothing.
+/// waiting, and returns the permit when the claim finds nothing.
 pub trait Subscription: Send + 'static {
     /// The delivery type this binding hands out.
     type Delivery: Delivery;
@@ -176,7 +176,7 @@ pub trait Subscription: Send + 'static {
         }
     }
 
-    /// The receive-flow switch of a request/reply source (JQ-15): the app
+    /// The receive-flow switch of a request/reply source: the app
     /// registers it with its job queue, which sets it PAUSED/RUNNING as
     /// pressure changes. `None` (the default) for sources pressure must not
     /// pause, and for bindings without one.
@@ -189,7 +189,7 @@ pub trait Subscription: Send + 'static {
     /// every record it asks for beyond the first — the first is its
     /// read-ahead of one (see [`ready`](Self::ready)) — and keeps each with
     /// its buffered record until it hands the record out, so a read never
-    /// asks for more records than permits are held (JQ-7). The default
+    /// asks for more records than permits are held. The default
     /// ignores it.
     fn use_job_queue(&mut self, jobs: &Arc<JobQueue>) {
         let _ = jobs;
@@ -247,12 +247,12 @@ pub trait Delivery: Send + Sync + 'static {
     fn reject(self, reason: &str) -> impl Future<Output = Result<()>> + Send;
 
     /// Done for now, but deliver it again after `delay` with one more retry
-    /// counted ([`Ctx::retry_after`](crate::Ctx::retry_after), RT-8). A
+    /// counted ([`Ctx::retry_after`](crate::Ctx::retry_after)). A
     /// binding whose broker can hold the delay (RabbitMQ: TTL and
     /// dead-letter routing) hands the copy over and settles this delivery,
     /// so the retry survives a crash of this process. The default hands the
     /// delivery back: the runtime acks it and republishes the copy from a
-    /// timer of its own, which a graceful shutdown flushes (RT-10).
+    /// timer of its own, which a graceful shutdown flushes.
     fn retry_after(self, delay: Duration) -> impl Future<Output = RetryAfter<Self>> + Send
     where
         Self: Sized,
@@ -292,10 +292,9 @@ pub trait Requester: Broker {
     ) -> impl Future<Output = Result<Envelope>> + Send;
 
     /// Sends a request and waits up to `timeout` for its reply. A reply that
-    /// reports a failure is an error: [`Error::Protocol`](crate::Error::Protocol)
-    /// (the server refused the payload before its handler, JQ-13),
-    /// [`Error::Handler`](crate::Error::Handler) or
-    /// [`Error::StructuralLimit`](crate::Error::StructuralLimit) (JQ-21).
+    /// reports a failure is an error: [`Error::Protocol`] (the server refused
+    /// the payload before its handler), [`Error::Handler`] or
+    /// [`Error::StructuralLimit`].
     ///
     /// ```
     /// use std::time::Duration;

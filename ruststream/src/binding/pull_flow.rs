@@ -1,12 +1,12 @@
 //! The receive-flow switch of a binding that pulls (JetStream pulls, Redis
 //! `XREADGROUP`, RabbitMQ's consumer): while paused, no new read is issued
-//! (JQ-15); what was already read is still handed out.
+//! ; what was already read is still handed out.
 
 use tokio::sync::watch;
 
 use crate::ingress::ReceiveFlow;
 
-/// The receive-flow switch of a pull subscription (JQ-15): while paused, no
+/// The receive-flow switch of a pull subscription: while paused, no
 /// new pull is made.
 pub(crate) struct PullFlow {
     paused: watch::Sender<bool>,

@@ -1,4 +1,4 @@
-//! `workers(n, by_key)` (RT-4) on owner FIFOs (JQ-9, JQ-10, JQ-22).
+//! `workers(n, by_key)` on owner FIFOs.
 //!
 //! The loop waits until the owner FIFOs hold fewer than `max_pending`
 //! deliveries, takes one from the broker, runs the accept layers and decode
@@ -10,8 +10,8 @@
 //! record whose key is at `max_pending_per_key` is held behind that key (in
 //! order, counted in `max_pending`) and returns its permit; when the key
 //! has room again the loop takes a new permit for it before it receives
-//! anything new (JQ-5). A request for a full key is refused at once with
-//! the reason (JQ-10, JQ-21).
+//! anything new. A request for a full key is refused at once with
+//! the reason.
 
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};

@@ -2,10 +2,10 @@
 //!
 //! | mode | where handlers run | in flight | read-ahead beyond the broker's queue |
 //! |---|---|---|---|
-//! | sequential (RT-2) | the loop task | 1 | none |
-//! | `workers(n)` (RT-3) | `n` tasks on the app runtime | `n` | none: the loop polls only for an idle worker |
-//! | `workers(n, by_key)` (RT-4) | `n` tasks, one key at a time each | `n` | `max_pending` deliveries in owner FIFOs |
-//! | `threads(n)` (RT-5) | `n` OS threads, own runtimes | `n` | `n × 8` in rings (`n × 9` with the ones in hand) |
+//! | sequential | the loop task | 1 | none |
+//! | `workers(n)` | `n` tasks on the app runtime | `n` | none: the loop polls only for an idle worker |
+//! | `workers(n, by_key)` | `n` tasks, one key at a time each | `n` | `max_pending` deliveries in owner FIFOs |
+//! | `threads(n)` | `n` OS threads, own runtimes | `n` | `n × 8` in rings (`n × 9` with the ones in hand) |
 
 pub(crate) mod budget;
 pub(crate) mod by_key;
@@ -24,7 +24,7 @@ use crate::host::Stop;
 
 use crate::binding::Subscription;
 
-/// JQ-4: the next delivery together with the job permit taken before it
+/// the next delivery together with the job permit taken before it
 /// was claimed, as `Option<(delivery, permit)>`: `None` once `$stop` was
 /// called or the subscription ended. Every loop takes its deliveries
 /// through this one step:
@@ -37,7 +37,7 @@ use crate::binding::Subscription;
 ///   sits on a permit another one needs;
 /// * with no permit free, the loop first waits until its subscription is
 ///   ready and only then joins the permit queue (`$wait`, oldest waiter
-///   first: JQ-7), so the queue holds only sources with work;
+///   first), so the queue holds only sources with work;
 /// * a loop that took the last free permit yields before its next take
 ///   (`$jobs` tells), so sources sharing few permits take turns even on one
 ///   worker thread, where a waiting loop could otherwise not run until this
@@ -92,8 +92,8 @@ macro_rules! receive {
 }
 pub(crate) use receive;
 
-/// Waits for a permit (`wait`: the oldest waiting source is served first,
-/// JQ-7), unless `stop` comes first; a cancelled wait takes nothing (JQ-11).
+/// Waits for a permit (`wait`: the oldest waiting source is served first),
+/// unless `stop` comes first; a cancelled wait takes nothing.
 pub(crate) async fn wait_permit<P>(wait: impl Future<Output = P>, stop: &Stop) -> Option<P> {
     tokio::select! {
         biased;

@@ -1,11 +1,11 @@
 //! The ring between a `threads(n)` feeder and one dedicated thread: 8 slots
-//! (RT-5). The feeder is the only producer and checks for space before it
+//! . The feeder is the only producer and checks for space before it
 //! takes a delivery from the broker, so a push never finds the ring full.
 //!
 //! The thread takes everything queued in one swap under the lock (no
 //! element moves) and then works through it without the lock; a slot counts
 //! as taken until its item is in the thread's hand, so the ring, the taken
-//! items and the one in hand never exceed 8 + 1 (RT-5's read-ahead).
+//! items and the one in hand never exceed 8 + 1.
 //!
 //! Wake-ups happen only on the edges someone waits for: a push hands the
 //! feeder the waker of a thread that waits (its ring was empty), which the
@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::{Mutex, MutexGuard};
 
-/// Slots per ring (RT-5). The loom models use rings of 2, which have every
+/// Slots per ring. The loom models use rings of 2, which have every
 /// edge of a ring of 8 (empty, full, in between) in far fewer steps.
 #[cfg(not(loom))]
 pub(crate) const RING_SLOTS: usize = 8;

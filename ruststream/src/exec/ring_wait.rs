@@ -1,9 +1,9 @@
-//! How a dedicated thread (RT-5) waits for its ring.
+//! How a dedicated thread waits for its ring.
 //!
 //! Waiting in Tokio's driver costs a turn of its time and I/O drivers per
 //! wake-up (~750 instructions, once per ring batch: a large share of what a
 //! `threads(n)` delivery costs). While the thread's runtime has no task of
-//! its own (a handler may `tokio::spawn` there, RT-11), nothing but the ring
+//! its own (a handler may `tokio::spawn` there), nothing but the ring
 //! can give it work, so it parks the OS thread on the ring instead and the
 //! feeder's wake-up is one futex call. With tasks alive it waits in Tokio's
 //! driver, so they run.

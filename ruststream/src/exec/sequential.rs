@@ -1,4 +1,4 @@
-//! The default loop (RT-2): one task per subscriber polls the next delivery
+//! The default loop: one task per subscriber polls the next delivery
 //! only after the previous one is settled, so at most one delivery is in
 //! flight and backpressure is simply not polling.
 

@@ -1,4 +1,4 @@
-//! `threads(n)` (RT-5): `n` OS threads, each with its own current-thread Tokio
+//! `threads(n)`: `n` OS threads, each with its own current-thread Tokio
 //! runtime, fed by a task on the app runtime through rings of 8 slots. The
 //! feeder takes a delivery from the broker only when a ring has a free slot,
 //! so read-ahead never exceeds `n × 9` (8 in the ring, 1 in hand). A thread
@@ -33,7 +33,7 @@ use crate::sync::{Mutex, MutexGuard};
 type DeliveryOf<B> = <<B as Broker>::Subscription as Subscription>::Delivery;
 
 /// What a thread is handed: a delivery with the job permit taken before its
-/// receive (JQ-4). One type per mode, so a ring slot is only as large as
+/// receive. One type per mode, so a ring slot is only as large as
 /// its mode needs (a plain delivery moves without a `memcpy` call).
 trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
     /// Whether the feeder waits until every ring has a free slot (by key:

@@ -1,4 +1,4 @@
-//! `workers(n)` (RT-3): the loop hands each delivery to one of `n` worker
+//! `workers(n)`: the loop hands each delivery to one of `n` worker
 //! tasks, each with a mailbox of one. The loop first waits for an idle worker
 //! and only then takes a delivery from the broker, so at most `n` deliveries
 //! are in flight and none waits in the framework.

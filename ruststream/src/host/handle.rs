@@ -16,7 +16,7 @@ use crate::binding::erased::ErasedBroker;
 use crate::ingress::{JobQueue, JobQueueSettings, Pressure};
 use crate::{Envelope, Publisher};
 
-/// The app's after-ack hook (RT-8).
+/// The app's after-ack hook.
 pub(crate) type AfterAck =
     Arc<dyn Fn(Envelope) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
@@ -25,7 +25,7 @@ pub(crate) type StateMap = HashMap<TypeId, Arc<dyn Any + Send + Sync>>;
 
 /// The running application, as seen from handlers and lifecycle hooks: its
 /// runtime, its typed shared state, and the tracker of follow-up tasks a
-/// graceful shutdown waits for (RT-6, RT-8). Cheap to clone.
+/// graceful shutdown waits for. Cheap to clone.
 #[derive(Clone)]
 pub struct AppHandle {
     inner: Arc<Inner>,
@@ -36,9 +36,9 @@ struct Inner {
     tracker: TaskTracker,
     state: StateMap,
     after_ack: Option<AfterAck>,
-    /// The app's job queue: one permit pool for every subscription (JQ-2).
+    /// The app's job queue: one permit pool for every subscription.
     jobs: Arc<JobQueue>,
-    /// Asks pending `retry_after` timers to publish at once (RT-10).
+    /// Asks pending `retry_after` timers to publish at once.
     flush_retries: CancellationToken,
     /// Asks the app to shut down (fail-fast, `RunningApp::shutdown`).
     shutdown: CancellationToken,
@@ -103,7 +103,7 @@ impl AppHandle {
             .map(|b| Publisher::new(b.clone()))
     }
 
-    /// Job-queue pressure: state, permits in use, pauses (JQ-14).
+    /// Job-queue pressure: state, permits in use, pauses.
     pub fn pressure(&self) -> Pressure {
         self.inner.jobs.pressure()
     }
@@ -156,7 +156,7 @@ impl AppHandle {
         self.inner.after_ack.is_some()
     }
 
-    /// Starts the after-ack hook for an acked delivery, tracked (RT-8).
+    /// Starts the after-ack hook for an acked delivery, tracked.
     pub(crate) fn acked(&self, env: &Envelope) {
         if let Some(hook) = &self.inner.after_ack {
             self.spawn(hook(env.clone()));

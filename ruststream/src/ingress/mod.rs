@@ -1,27 +1,27 @@
-//! The application job queue (JQ-1 … JQ-17): one pool of job permits per
+//! The application job queue: one pool of job permits per
 //! running app, shared by every subscription, and the pressure state derived
 //! from it.
 //!
 //! * [`JobQueueSettings`]: profile, exact `max_queued_jobs`, pause/resume
-//!   percents (JQ-3, JQ-14).
+//!   percents.
 //! * [`JobQueue`]: FIFO permits — oldest waiting source first, one waiter per
-//!   source (JQ-4, JQ-7) — whose count in use drives RUNNING/PAUSED with
-//!   hysteresis (JQ-14), applied to registered receive-flow switches outside
+//!   source — whose count in use drives RUNNING/PAUSED with
+//!   hysteresis, applied to registered receive-flow switches outside
 //!   every lock, never re-applied, never overwritten by a stale transition
-//!   (JQ-16, JQ-17).
+//! .
 //!
-//! The Core's byte HWM is a separate authority (JQ-1): nothing here reads or
+//! The Core's byte HWM is a separate authority: nothing here reads or
 //! sizes it.
 //!
 //! Every subscriber loop takes a permit before it takes a record from its
 //! binding; the permit travels with the record (worker mailbox, owner FIFO,
 //! thread ring) and returns right before the handler body starts, or after
-//! a malformed or rejected record's bounded processing (JQ-4).
+//! a malformed or rejected record's bounded processing.
 //!
 //! Request/reply sources (queue-group subscribers unless configured
 //! otherwise) register their binding's [`ReceiveFlow`] switch when they
-//! start; PAUSED/RUNNING is applied to them only (JQ-15). Fair multi-source
-//! receive (JQ-12) lives where several connections meet: in the binding's
+//! start; PAUSED/RUNNING is applied to them only. Fair multi-source
+//! receive lives where several connections meet: in the binding's
 //! receive queue (the memory Core reads its per-peer lanes in rounds).
 
 mod permits;

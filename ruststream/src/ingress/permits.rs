@@ -1,5 +1,5 @@
-//! Job permits (JQ-2, JQ-4 … JQ-8, JQ-11) and the pressure state they drive
-//! (JQ-14 … JQ-17).
+//! Job permits and the pressure state they drive
+//! .
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,16 +12,16 @@ use crate::metrics;
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::{Mutex, MutexGuard, Semaphore};
 
-/// A receive-flow switch (JQ-15): the one control point between framework
-/// pressure and a binding's receive flow (JQ-16). Called outside every lock
-/// of the job queue and its registry (JQ-17), with the absolute state.
+/// A receive-flow switch: the one control point between framework
+/// pressure and a binding's receive flow. Called outside every lock
+/// of the job queue and its registry, with the absolute state.
 pub trait ReceiveFlow: Send + Sync + 'static {
     /// Stops (`true`) or resumes (`false`) receiving.
     fn set_paused(&self, paused: bool);
 }
 
-/// One permit: a reserved supply slot or a queued job (JQ-2). It travels with
-/// its record and is returned exactly once, when dropped (JQ-11): right
+/// One permit: a reserved supply slot or a queued job. It travels with
+/// its record and is returned exactly once, when dropped: right
 /// before the handler body starts, after bounded processing of a control or
 /// malformed record, or on cancellation and shutdown.
 #[must_use = "a permit is returned when dropped"]
@@ -57,7 +57,7 @@ struct Source {
     id: u64,
     flow: Arc<dyn ReceiveFlow>,
     /// The newest transition applied; serializes this source's binding calls
-    /// so a stale transition never overwrites a newer one (JQ-16).
+    /// so a stale transition never overwrites a newer one.
     applied_epoch: Mutex<u64>,
 }
 
@@ -84,9 +84,9 @@ struct Tracker {
 }
 
 /// The application job queue: one per running app, shared by every
-/// subscription (JQ-2).
+/// subscription.
 pub struct JobQueue {
-    /// The FIFO of waiting sources (JQ-7), and the permits no one took yet.
+    /// The FIFO of waiting sources, and the permits no one took yet.
     permits: Semaphore,
     /// Permits returned while no source waited: taken back without the
     /// semaphore's lock. Whenever a source waits, they move to `permits`
@@ -114,7 +114,7 @@ impl std::fmt::Debug for JobQueue {
 }
 
 /// A source's place in the receive registry; dropping it removes the source
-/// first, before the source itself closes (JQ-17).
+/// first, before the source itself closes.
 #[must_use = "the source leaves the registry when this is dropped"]
 pub struct SourceRegistration {
     queue: Arc<JobQueue>,
@@ -160,8 +160,8 @@ impl JobQueue {
         self.tracker.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for a permit: the oldest waiter is served first (JQ-7).
-    /// Cancel-safe: a dropped wait takes nothing (JQ-11).
+    /// Waits for a permit: the oldest waiter is served first.
+    /// Cancel-safe: a dropped wait takes nothing.
     pub async fn acquire(self: &Arc<Self>) -> JobPermit {
         self.wait_slot().await;
         JobPermit {
@@ -182,7 +182,7 @@ impl JobQueue {
     /// [`Subscription::use_job_queue`](crate::Subscription::use_job_queue)):
     /// taken only while at least one more stays free. Buffered records then
     /// never hold every permit while a loop waits for one to take them out
-    /// of the buffer (JQ-11: no wait cycle on one authority).
+    /// of the buffer (no wait cycle on one authority).
     pub fn try_acquire_extra(self: &Arc<Self>) -> Option<JobPermit> {
         // One extra taker at a time, so two never take the last two.
         let _serial = self.extra.lock().unwrap_or_else(|e| e.into_inner());
@@ -206,7 +206,7 @@ impl JobQueue {
         self.try_slot().then(|| BorrowedPermit(self))
     }
 
-    /// Waits for a slot, oldest waiter first (JQ-7).
+    /// Waits for a slot, oldest waiter first.
     async fn wait_slot(&self) {
         if self.try_slot() {
             return;
@@ -301,7 +301,7 @@ impl JobQueue {
 
     /// Whether no permit is free right now: every one is in use or handed
     /// to a waiting source. A loop that took the last one lets the other
-    /// tasks of its runtime run before it takes another (JQ-7: a source
+    /// tasks of its runtime run before it takes another (a source
     /// that had its turn goes behind the others), so sources sharing few
     /// permits take turns even when they run on one worker thread.
     #[inline]
@@ -310,7 +310,7 @@ impl JobQueue {
     }
 
     /// Recomputes the state from the current count; applies a change to every
-    /// registered source outside the lock (JQ-16, JQ-17).
+    /// registered source outside the lock.
     fn recompute(&self) {
         let (epoch, state, sources) = {
             let mut t = self.tracker();
@@ -345,7 +345,7 @@ impl JobQueue {
     }
 
     /// Registers a source's receive-flow switch. It gets the current state
-    /// before it is published to the registry (JQ-17).
+    /// before it is published to the registry.
     pub fn register(self: &Arc<Self>, flow: Arc<dyn ReceiveFlow>) -> SourceRegistration {
         let (id, epoch, state) = {
             let mut t = self.tracker();

@@ -1,18 +1,18 @@
-//! Pressure state with hysteresis (JQ-14).
+//! Pressure state with hysteresis.
 
 use std::time::Duration;
 
-/// Absolute receive-flow state of the app (JQ-14, JQ-15).
+/// Absolute receive-flow state of the app.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PressureState {
     /// Sources receive.
     #[default]
     Running,
-    /// Request/reply sources are paused (JQ-15).
+    /// Request/reply sources are paused.
     Paused,
 }
 
-/// `pause = ceil(M*P/100)`, `resume = floor(M*R/100)` (JQ-14).
+/// `pause = ceil(M*P/100)`, `resume = floor(M*R/100)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Thresholds {
     /// Permits in use at or above which RUNNING turns PAUSED.
@@ -56,11 +56,11 @@ impl Thresholds {
 pub struct Pressure {
     /// Current state.
     pub state: PressureState,
-    /// Permits in use: reserved supply plus queued jobs (JQ-2).
+    /// Permits in use: reserved supply plus queued jobs.
     pub in_use: usize,
     /// Effective maximum.
     pub max: usize,
-    /// Receive loops waiting for a permit now: the shared-cap wait (JQ-5).
+    /// Receive loops waiting for a permit now: the shared-cap wait.
     pub waiters: usize,
     /// RUNNING → PAUSED transitions so far.
     pub pause_count: u64,

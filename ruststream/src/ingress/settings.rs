@@ -1,8 +1,8 @@
-//! Job-queue settings (JQ-3, JQ-14, JQ-23).
+//! Job-queue settings.
 
 use crate::{Error, Result};
 
-/// Named sizes of the application job queue (JQ-3). Default `Balanced`.
+/// Named sizes of the application job queue. Default `Balanced`.
 ///
 /// | profile | `MaxQueuedApplicationJobs` |
 /// |---|---|
@@ -10,7 +10,7 @@ use crate::{Error, Result};
 /// | `Balanced` | 1,024 |
 /// | `Large` | 8,192 |
 ///
-/// The queue counts jobs, not bytes (JQ-23): for large payloads lower
+/// The queue counts jobs, not bytes: for large payloads lower
 /// `max_queued_jobs` and bound single messages by size; the Core HWM stays the
 /// last memory guard.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,9 +60,9 @@ impl Default for JobQueueSettings {
 }
 
 impl JobQueueSettings {
-    /// Default pause percent (JQ-14).
+    /// Default pause percent.
     pub const DEFAULT_PAUSE_PERCENT: u32 = 80;
-    /// Default resume percent (JQ-14).
+    /// Default resume percent.
     pub const DEFAULT_RESUME_PERCENT: u32 = 60;
 
     /// Settings from a profile.

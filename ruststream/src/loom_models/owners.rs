@@ -1,5 +1,5 @@
 //! `workers(n, by_key)`: owner FIFOs, held records and the ready-owner set
-//! (RT-4, JQ-5, JQ-9, JQ-10).
+//! .
 
 use std::future::poll_fn;
 use std::sync::Arc;

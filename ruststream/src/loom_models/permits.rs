@@ -1,5 +1,5 @@
 //! The job queue's permits: the lock-free spare fast path beside the FIFO
-//! semaphore (JQ-4, JQ-7, JQ-11).
+//! semaphore.
 
 use std::sync::Arc;
 
@@ -36,7 +36,7 @@ fn a_permit_given_back_reaches_a_source_that_starts_waiting() {
 }
 
 /// A loop that gives its permit back while another source waits cannot
-/// take it again on the fast path: it is the waiting source's (JQ-7).
+/// take it again on the fast path: it is the waiting source's.
 #[test]
 fn the_fast_path_never_overtakes_a_waiting_source() {
     check(|| {

@@ -1,4 +1,4 @@
-//! A `threads(n)` ring between the feeder and its thread (RT-5).
+//! A `threads(n)` ring between the feeder and its thread.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

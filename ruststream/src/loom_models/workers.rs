@@ -1,5 +1,5 @@
 //! `workers(n)`: the loop's hand-off through mailboxes of one and the
-//! idle stack (RT-3).
+//! idle stack.
 
 use std::sync::Arc;
 

@@ -51,7 +51,7 @@ impl MemoryBrokerBuilder {
         self
     }
 
-    /// Byte and time budgets of one fair receive round (JQ-12; default 1 MiB
+    /// Byte and time budgets of one fair receive round (default 1 MiB
     /// or 5 ms, whichever ends first, with at most 64 frames). A queue fed by
     /// several connections takes a round from one, then moves on to the next.
     pub fn receive_round(mut self, round: ReceiveRound) -> Self {
@@ -66,7 +66,7 @@ impl MemoryBrokerBuilder {
     }
 
     /// How many publishes may wait for queue space at once (default 1024);
-    /// one more fails at once with `DeadlineExceeded` (JQ-19).
+    /// one more fails at once with `DeadlineExceeded`.
     pub fn max_publish_waiters(mut self, n: usize) -> Self {
         self.max_publish_waiters = n;
         self

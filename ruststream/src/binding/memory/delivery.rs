@@ -17,7 +17,7 @@ use crate::{Envelope, Message, Result};
 /// Dropping it leaves its queue; when the last member of a queue leaves, the
 /// queue is removed and frames still in it are discarded.
 pub struct MemorySubscription {
-    /// Set for request/reply sources (JQ-15).
+    /// Set for request/reply sources.
     pub(super) flow: Option<Arc<MemberFlow>>,
     pub(super) queue: Arc<Queue>,
     pub(super) broker: Weak<Inner>,
@@ -79,7 +79,7 @@ impl MemorySubscription {
     /// DEALER-ROUTER in the spec). Data queued before a reply is received
     /// first, each record through the ordinary receive path; the reply
     /// itself completes its caller when it reaches the head, without a
-    /// permit, and never shows up as a delivery (JQ-24 items 6, 20).
+    /// permit, and never shows up as a delivery.
     ///
     /// [`MemoryBroker`](super::MemoryBroker)'s own
     /// [`request_message`](crate::Requester::request_message) is the

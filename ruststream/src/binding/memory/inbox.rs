@@ -1,4 +1,4 @@
-//! The memory Core's waiting requests (JQ-6): one reusable slot per request
+//! The memory Core's waiting requests: one reusable slot per request
 //! in flight, so a round trip allocates no waiter of its own (no channel, no
 //! map entry). A request's id names its slot and the slot's generation, so a
 //! late or duplicate reply never completes a later request that reuses the

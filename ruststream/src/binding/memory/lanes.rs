@@ -10,10 +10,10 @@ use tokio::time::Instant;
 
 use crate::Envelope;
 
-/// Frames one receive round takes at most (JQ-12: fixed).
+/// Frames one receive round takes at most (fixed).
 pub const ROUND_RECORDS: u32 = 64;
 
-/// The byte and time budgets of one receive round (JQ-12); the record budget
+/// The byte and time budgets of one receive round; the record budget
 /// is fixed at [`ROUND_RECORDS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReceiveRound {

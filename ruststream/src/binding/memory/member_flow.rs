@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use super::queue::Queue;
 
-/// A member's receive-flow switch on the memory Core (JQ-15): the job queue
+/// A member's receive-flow switch on the memory Core: the job queue
 /// sets it; the subscription retires it when it closes, after which late
 /// transitions are ignored.
 pub(crate) struct MemberFlow {

@@ -5,20 +5,20 @@
 //! * Fan-out: every subscription gets every message, unless subscriptions share
 //!   a queue group, in which case they compete for one shared queue.
 //! * Each receive queue is bounded by a byte high-water mark
-//!   ([`CoreHwm`], JQ-1/JQ-3); a publish into a full queue waits for space until
-//!   its deadline, then fails with [`Error::DeadlineExceeded`] (JQ-19). Waiter
+//!   ([`CoreHwm`]); a publish into a full queue waits for space until
+//!   its deadline, then fails with [`Error::DeadlineExceeded`]. Waiter
 //!   slots are bounded; nothing is dropped to make room, nothing polls.
 //! * Each queue keeps one lane per publishing connection, with its own HWM
-//!   budget, read in fair rounds (JQ-12): a flooding connection never starves
+//!   budget, read in fair rounds: a flooding connection never starves
 //!   the others ([`MemoryBroker::connect`], [`ReceiveRound`]).
-//! * Request/reply sources ([`SubscribeOptions::receive_flow`]) expose a
+//! * Request/reply sources ([`SubscribeOptions::receive_flow`](crate::SubscribeOptions::receive_flow)) expose a
 //!   receive-flow switch: while paused, publishers wait as for a full queue
-//!   (JQ-15); [`MemoryBroker::queues`] shows the state.
+//! ; [`MemoryBroker::queues`] shows the state.
 //! * `nack` (and dropping a delivery unsettled) redelivers with attempt + 1;
 //!   `reject` goes to the subscription's dead-letter subject, else is dropped
 //!   with a warning.
 //! * Request/reply: replies complete the caller directly, bypassing every
-//!   queue (JQ-6).
+//!   queue.
 //!
 //! ```
 //! use ruststream::{Broker, Delivery, MemoryBroker, Message, SubscribeOptions, Subscription};
@@ -82,7 +82,7 @@ pub struct MemoryBroker {
 /// One connection's state: closing it ends its subscriptions and refuses its
 /// publishes, and leaves other connections running.
 pub(crate) struct Connection {
-    /// The peer id its publishes are accounted under (JQ-24 item 9).
+    /// The peer id its publishes are accounted under.
     id: u64,
     closed: AtomicBool,
 }
@@ -163,8 +163,8 @@ impl MemoryBroker {
         Ok(())
     }
 
-    /// Bytes all receive queues own right now (the Core's own observation;
-    /// JQ-1).
+    /// Bytes all receive queues own right now (the broker's own
+    /// observation).
     pub fn queued_bytes(&self) -> usize {
         self.inner.shared.bytes()
     }

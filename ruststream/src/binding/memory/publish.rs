@@ -22,7 +22,7 @@ impl Inner {
     /// One publish. The common case is synchronous once the cooperative
     /// budget allows it: the route is looked up and every target queue admits
     /// the frame under the registry's read lock, with nothing cloned but the
-    /// subject. Only a publish that must wait for space (JQ-19) leaves that
+    /// subject. Only a publish that must wait for space leaves that
     /// path, for a boxed future that owns what it needs, so the waiting state
     /// never inflates the futures of publishes that do not wait.
     ///
@@ -150,7 +150,7 @@ enum PublishState<'a, 's> {
         message: Option<Message>,
         deadline: Deadline,
     },
-    /// Waiting for space (JQ-19), out of line.
+    /// Waiting for space, out of line.
     Waiting(Pin<Box<dyn Future<Output = Result<()>> + Send>>),
     Done,
 }
@@ -268,7 +268,7 @@ struct Waiting {
 }
 
 impl Waiting {
-    /// JQ-19: wait for space until the deadline, submit once, then publish to
+    /// wait for space until the deadline, submit once, then publish to
     /// the remaining queues as usual.
     async fn wait(self, deadline: Deadline) -> Result<()> {
         let queues = self.targets.queues();

@@ -1,15 +1,15 @@
 //! One receive queue of the memory Core: FIFO lanes, one per publishing
-//! connection (a peer), each bounded by the byte high-water mark (JQ-1), read
-//! in fair rounds (JQ-12), shared by the members of a queue group or owned by
+//! connection (a peer), each bounded by the byte high-water mark, read
+//! in fair rounds, shared by the members of a queue group or owned by
 //! one fan-out subscription.
 //!
-//! * Accounting is per peer (JQ-24 item 9): a peer that fills its lane waits
+//! * Accounting is per peer: a peer that fills its lane waits
 //!   for space while other peers still get in.
 //! * A receive round takes at most [`ROUND_RECORDS`] frames, a byte budget and
 //!   a time budget, whichever ends first; the next round starts at the lane
 //!   after the one where it stopped, so a peer that keeps sending never
-//!   starves the others (JQ-12, JQ-24 items 7 and 8).
-//! * Remote pause (JQ-15): members that serve requests register a
+//!   starves the others.
+//! * Remote pause: members that serve requests register a
 //!   receive-flow switch; while every member is paused, publishers wait as
 //!   if the queue were full. The pause and the byte HWM are independent
 //!   blockers: resuming lifts only the pause.
@@ -43,7 +43,7 @@ struct State {
     cursor: usize,
     round: Round,
     closed: bool,
-    /// Members whose receive flow is paused (JQ-15).
+    /// Members whose receive flow is paused.
     paused_members: usize,
     /// Consumers waiting for a frame: one is woken per admitted frame.
     readers: Readers,
@@ -112,7 +112,7 @@ impl State {
         (replies, bytes)
     }
 
-    /// Takes the next frame in fair order (JQ-12), with its charged bytes
+    /// Takes the next frame in fair order, with its charged bytes
     /// and the bytes its lane still holds.
     #[inline]
     fn pop(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
@@ -167,7 +167,7 @@ pub(crate) struct Queue {
     /// Names the queue in single-lane reply subjects.
     pub(crate) id: u64,
     /// Set once a single-lane requester uses this queue: heads are then
-    /// checked for replies (JQ-24 item 6).
+    /// checked for replies.
     carries_replies: AtomicBool,
     /// Subjects of single-lane replies start with this.
     reply_prefix: Text,
@@ -203,7 +203,7 @@ pub struct QueueStats {
     pub bytes: usize,
     /// Peers (publishing connections) with frames waiting.
     pub peers: usize,
-    /// Whether the remote pause blocks publishers now (JQ-15): every member
+    /// Whether the remote pause blocks publishers now: every member
     /// is a request/reply source and the job queue of each is PAUSED.
     pub receive_paused: bool,
 }
@@ -312,7 +312,7 @@ impl Queue {
         }
     }
 
-    /// Admits `env`, waiting for space until `deadline` (JQ-19: refused →
+    /// Admits `env`, waiting for space until `deadline` (refused →
     /// wait → submit once → `DeadlineExceeded`). Waiter slots are bounded; when
     /// they are all taken the call fails at once. Nothing is dropped to make
     /// room and nothing polls: waiters sleep until a consumer frees bytes or
@@ -434,7 +434,7 @@ impl Queue {
 
     /// Waits until a frame is at hand, taking nothing: `false` once the
     /// queue is closed or `conn` closes. For a consumer that takes its job
-    /// permit only once there is something to receive (JQ-4); it then takes
+    /// permit only once there is something to receive; it then takes
     /// the frame with [`try_pop`](Self::try_pop), which may find it gone to
     /// another member of the group (it waits again).
     pub(crate) async fn wait_ready(&self, conn: &Connection) -> bool {
@@ -510,7 +510,7 @@ impl Queue {
         last
     }
 
-    /// One member's receive flow paused or resumed (JQ-15). Publishers
+    /// One member's receive flow paused or resumed. Publishers
     /// waiting on the pause are woken when it lifts.
     pub(crate) fn set_member_paused(&self, paused: bool) {
         let mut state = self.lock();

@@ -36,7 +36,7 @@ impl Inner {
     }
 
     /// A single-lane reply that reached the head of its queue: it completes
-    /// its caller without a permit (JQ-24 item 6).
+    /// its caller without a permit.
     pub(crate) fn complete_lane_reply(&self, env: Envelope) {
         let subject = env.subject().clone();
         let id = subject[self.inbox_prefix.len()..]
@@ -46,7 +46,7 @@ impl Inner {
         self.complete(id, &subject, env.into_message());
     }
 
-    /// Completion supply (JQ-6): a reply goes straight to its waiting caller.
+    /// Completion supply: a reply goes straight to its waiting caller.
     /// A reply for a request that already ended is dropped: first terminal wins.
     pub(super) fn complete(&self, id: &str, subject: &str, message: Message) {
         let completed = inbox::parse_id(id).is_some_and(|id| self.inbox.complete(id, message));
@@ -119,7 +119,7 @@ impl Requester for MemoryBroker {
 
 impl MemoryBroker {
     /// One request. `lane` is the single-lane queue its reply must come back
-    /// through; `None` is the two-lane completion path (JQ-6).
+    /// through; `None` is the two-lane completion path.
     async fn request_via(
         &self,
         lane: Option<u64>,

@@ -1,5 +1,5 @@
 //! Broker-wide accounting of the memory Core: `CoreHwmMemoryLimitBytes` and the
-//! bounded set of publish waiters (JQ-19).
+//! bounded set of publish waiters.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

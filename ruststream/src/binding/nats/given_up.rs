@@ -8,7 +8,7 @@
 //! The server announces each such message with an advisory. One member of
 //! the consumer reads it by its stream sequence through the stream API,
 //! which sends headers as base64 — out of the client parser's way — and
-//! publishes it to the dead-letter subject with the reason (JQ-13: refused
+//! publishes it to the dead-letter subject with the reason (refused
 //! before any handler, with a reason, never lost).
 
 use async_nats::HeaderMap;

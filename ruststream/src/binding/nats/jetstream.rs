@@ -1,7 +1,7 @@
 //! JetStream: durable streams read through pull consumers. A pull is made
 //! only when the runtime waits for the next message and asks for at most
 //! `pull_window` messages, so nothing runs ahead of what the app has taken
-//! (with a job permit each, JQ-4) by more than that window.
+//! (with a job permit each) by more than that window.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,7 +11,7 @@
 //!   (redelivery with the server's delivery count as the attempt), term.
 //!   Messages are pulled only when the runtime asks for the next one, in
 //!   pulls of at most [`StreamSpec::pull_window`] messages, so a saturated
-//!   app never over-fetches; a paused receive flow stops pulling (JQ-15).
+//!   app never over-fetches; a paused receive flow stops pulling.
 //!
 //! Headers map both ways; the key and the correlation id travel as the
 //! `ruststream-key` and `ruststream-correlation-id` headers. Disconnects and
@@ -153,7 +153,7 @@ impl NatsBrokerBuilder {
 
     /// Client settings the builder has no method for — credentials, TLS,
     /// reconnect policy — applied to the client's
-    /// [`ConnectOptions`](async_nats::ConnectOptions) after the builder's
+    /// [`async_nats::ConnectOptions`] after the builder's
     /// own (`ruststream::nats::async_nats` is the client crate). Leave the
     /// event callback to the builder: JetStream subscriptions learn from it
     /// that the connection came back, and pull again at once.
@@ -266,7 +266,7 @@ impl NatsBroker {
     }
 
     /// One core publish: into the client's bounded write buffer, waiting for
-    /// room until `deadline` (JQ-19).
+    /// room until `deadline`.
     async fn publish_core(&self, subject: &str, message: Message, deadline: Instant) -> Result<()> {
         self.ensure_open()?;
         let headers = convert::headers(&message)?;

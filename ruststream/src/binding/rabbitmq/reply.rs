@@ -1,7 +1,7 @@
 //! Request/reply with RabbitMQ's direct reply-to: requests go out on a
 //! channel that consumes `amq.rabbitmq.reply-to`, with the request id as the
 //! correlation id; replies come back on that consumer (no queue, no ack) and
-//! complete their caller directly (JQ-6). A request nobody's queue takes is
+//! complete their caller directly. A request nobody's queue takes is
 //! returned by the broker (`mandatory`): `Error::NoResponders`. A reply for
 //! a request that already ended is dropped and counted.
 

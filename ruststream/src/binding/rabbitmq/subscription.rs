@@ -148,7 +148,7 @@ impl RabbitSubscription {
 
     /// Starts consuming on the first call, with the prefetch settled by
     /// then. The setup runs as a task of its own: a `next` cancelled halfway
-    /// (JQ-11: `next` is cancel-safe) never leaves a consumer registered on
+    /// (`next` is cancel-safe) never leaves a consumer registered on
     /// the broker with nobody reading it.
     async fn consumer(&mut self) -> lapin::Result<&mut lapin::Consumer> {
         if let Consumer::NotStarted = self.consumer {
@@ -329,14 +329,14 @@ impl Subscription for RabbitSubscription {
             .map(|flow| Arc::clone(flow) as Arc<dyn ReceiveFlow>)
     }
 
-    /// Prefetch never exceeds what the job queue can hold (JQ-4).
+    /// Prefetch never exceeds what the job queue can hold.
     fn use_job_queue(&mut self, jobs: &Arc<JobQueue>) {
         let max = u16::try_from(jobs.pressure().max).unwrap_or(u16::MAX);
         self.prefetch = self.prefetch.min(max).max(1);
     }
 }
 
-/// The receive-flow switch (JQ-15): while PAUSED, `next` takes nothing
+/// The receive-flow switch: while PAUSED, `next` takes nothing
 /// and the broker's credit stays held; pausing also sends the acks that
 /// wait in the window at once.
 struct Flow {

@@ -20,7 +20,7 @@
 //!
 //! * Request/reply: a request is an entry with a reply channel; the reply is
 //!   a pub/sub message on it, delivered straight to the caller by the
-//!   broker's inbox (one `PSUBSCRIBE`), never through a stream (JQ-6).
+//!   broker's inbox (one `PSUBSCRIBE`), never through a stream.
 //!
 //! No wildcards: a stream key is exact. Needs Redis 6.2 or later.
 

@@ -1,7 +1,7 @@
 //! Request/reply on Redis: a request is an ordinary stream entry whose `r`
 //! field names a reply channel; the reply is a Redis pub/sub message on that
 //! channel, which the requesting broker's inbox (one `PSUBSCRIBE` per
-//! broker) hands straight to the waiting caller (JQ-6). A reply for a
+//! broker) hands straight to the waiting caller. A reply for a
 //! request that already ended is dropped and counted: first terminal wins.
 
 use std::collections::HashMap;

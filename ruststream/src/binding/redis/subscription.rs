@@ -24,7 +24,7 @@ static NEXT_CONSUMER: AtomicU64 = AtomicU64::new(1);
 /// A Redis Streams subscription (see [`RedisBroker`]).
 pub struct RedisSubscription {
     reader: ConnectionManager,
-    /// Set for request/reply sources: PAUSED stops issuing reads (JQ-15).
+    /// Set for request/reply sources: PAUSED stops issuing reads.
     flow: Option<Arc<PullFlow>>,
     shared: Arc<Shared>,
     consumer: String,
@@ -108,7 +108,7 @@ impl RedisSubscription {
     /// consumer that went away), with their delivery counts as attempts.
     ///
     /// Pages are as large as reads: one record plus one per extra permit
-    /// (JQ-7). A full page means more may be waiting — a crashed consumer's
+    /// . A full page means more may be waiting — a crashed consumer's
     /// backlog — so the next call claims on at once from where this one
     /// stopped, and a takeover runs at read speed. An entry delivered
     /// twice already without being settled is claimed alone: if it takes
@@ -272,7 +272,8 @@ impl RedisSubscription {
         self.dead_letter_malformed(malformed).await
     }
 
-    /// JQ-13 for entries no handler can be given: each is copied as it is,
+    /// Entries no handler can be given (malformed input never reaches a
+    /// handler): each is copied as it is,
     /// with the reason, its id, the original subject and the attempt, to the
     /// dead-letter stream (or dropped with a warning without one), and
     /// acked — all in one `MULTI`. If that fails the entries stay pending

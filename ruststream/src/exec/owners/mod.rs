@@ -1,17 +1,17 @@
-//! Owner FIFOs for `workers(n, by_key)` (RT-4): every key is an owner with its
-//! own FIFO; a level-triggered, duplicate-free ready-owner set (JQ-9) feeds the
-//! workers; admission is one atomic commit (JQ-10).
+//! Owner FIFOs for `workers(n, by_key)`: every key is an owner with its
+//! own FIFO; a level-triggered, duplicate-free ready-owner set feeds the
+//! workers; admission is one atomic commit.
 //!
 //! Invariants, all under one lock:
 //! * an owner is in `ready` exactly when its FIFO is non-empty and no worker
 //!   is running it, so a key's deliveries run one at a time, in order;
 //! * counts and bytes are charged at admission and released when the worker
-//!   finishes the item's turn (JQ-22: the reservation moves with the item from
+//!   finishes the item's turn (the reservation moves with the item from
 //!   the FIFO to the worker without being counted twice or nowhere);
 //! * a failed admission changes nothing (no enqueue-then-remove);
 //! * a one-way record whose key is at its limit is *held* behind the key's
 //!   FIFO, in arrival order, counted in the total: it returns its permit and
-//!   takes a new one when its key has room again (JQ-5), so a full key holds
+//!   takes a new one when its key has room again, so a full key holds
 //!   up only itself, never the receive loop or the other keys. Nothing else
 //!   joins a key's FIFO while it holds records, so order within a key stays.
 
@@ -44,7 +44,7 @@ pub(crate) struct OwnerLimits {
     pub(crate) max_total: usize,
 }
 
-/// Why an admission was refused: a structural limit (JQ-21), distinct from a
+/// Why an admission was refused: a structural limit, distinct from a
 /// deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
@@ -71,8 +71,8 @@ impl Refusal {
 }
 
 impl From<Refusal> for crate::Error {
-    /// A structural limit (JQ-21), never a deadline: the caller can tell a
-    /// full owner FIFO from a publish that ran out of time (JQ-24 item 16).
+    /// A structural limit, never a deadline: the caller can tell a
+    /// full owner FIFO from a publish that ran out of time.
     fn from(refusal: Refusal) -> Self {
         match refusal {
             Refusal::Closed => crate::Error::Closed("owner FIFOs are closed"),
@@ -87,7 +87,7 @@ pub(crate) enum Admitted<P> {
     /// Into its owner's FIFO.
     Queued,
     /// Held behind its full owner; its permit comes back, to be returned
-    /// outside the lock (JQ-5).
+    /// outside the lock.
     Held(P),
 }
 
@@ -142,7 +142,7 @@ pub(crate) struct Turn<T, P> {
     pub(crate) owner: u64,
     /// The item.
     pub(crate) item: T,
-    /// The permit it carried (JQ-4: returned right before the handler).
+    /// The permit it carried (returned right before the handler).
     pub(crate) permit: Option<P>,
     pub(crate) bytes: usize,
 }
@@ -188,7 +188,7 @@ impl<T, P> OwnerSet<T, P> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// JQ-10: checks, reservation, sequence, append and ready-set insert as
+    /// checks, reservation, sequence, append and ready-set insert as
     /// one commit, for a request (a new submission with a caller waiting).
     /// On refusal the item and its permit come back and nothing changed.
     #[allow(clippy::type_complexity)]
@@ -224,7 +224,7 @@ impl<T, P> OwnerSet<T, P> {
 
     /// Admits a one-way record: into its owner's FIFO, or held behind it
     /// when the owner is at a limit (the record was received already and is
-    /// never capacity-rejected, JQ-22). The receive loop waited for
+    /// never capacity-rejected). The receive loop waited for
     /// [`wait_capacity`](Self::wait_capacity) first, and it alone admits, so
     /// the total has room. The item and permit come back only if the set is
     /// closed.
@@ -291,14 +291,14 @@ impl<T, P> OwnerSet<T, P> {
     }
 
     /// Whether a held record can move into its owner's FIFO: the receive
-    /// loop then takes a permit for it before anything new (JQ-5).
+    /// loop then takes a permit for it before anything new.
     #[inline]
     pub(crate) fn has_promotable(&self) -> bool {
         self.has_promotable.load(Ordering::Acquire)
     }
 
     /// Moves the oldest held record of the first owner with room into its
-    /// FIFO, with `permit` (JQ-5: a new permit per runnable turn). The
+    /// FIFO, with `permit` (a new permit per runnable turn). The
     /// permit comes back when no held record has room (or the set closed).
     pub(crate) fn promote(&self, permit: P) -> Result<(), P> {
         let mut guard = self.lock();

@@ -14,7 +14,7 @@ fn set(max_count: usize, max_bytes: usize, max_total: usize) -> Set {
     })
 }
 
-/// JQ-10 / JQ-24 item 4: a refused admission changes no counter, no
+/// a refused admission changes no counter, no
 /// sequence and no queue, and says which structural limit refused it.
 #[test]
 fn refused_admission_leaves_owner_unchanged() {
@@ -51,7 +51,7 @@ fn refused_admission_leaves_owner_unchanged() {
     );
 }
 
-/// JQ-9: an owner is ready once, runs one item at a time, and comes back
+/// an owner is ready once, runs one item at a time, and comes back
 /// while it has work.
 #[tokio::test(start_paused = true)]
 async fn one_turn_per_owner_in_order() {
@@ -81,7 +81,7 @@ async fn one_turn_per_owner_in_order() {
 /// A one-way record for a full key is held (its permit comes back), a
 /// request for that key is refused, other keys still go in; the held
 /// record moves in, in order, once its key has room and a new permit
-/// is given for it (JQ-5, JQ-10, JQ-22).
+/// is given for it.
 #[tokio::test(start_paused = true)]
 async fn a_full_key_holds_its_records_and_blocks_no_other_key() {
     let owners: OwnerSet<u32, &str> = OwnerSet::new(OwnerLimits {
