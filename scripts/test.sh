@@ -48,3 +48,16 @@ for example in quickstart execution_modes lifecycle nats_orders redis_orders rab
   echo "-- $example"
   timeout 120 cargo run --quiet --example "$example"
 done
+echo "-- new-project (the guide's new service), on the memory broker and on NATS"
+timeout 120 cargo run --quiet -p orders-service
+NATS_URL="${RUSTSTREAM_NATS_URL:-nats://127.0.0.1:4222}" timeout 120 cargo run --quiet -p orders-service
+
+step "book: every test the Guarantees chapter names exists"
+missing=0
+while read -r file name; do
+  if ! grep -qw "fn $name" "ruststream/tests/$file"; then
+    echo "book/src/guarantees.md names $file::$name, which does not exist"
+    missing=1
+  fi
+done < <(grep -o '[a-z_]*\.rs::[a-z0-9_]*' book/src/guarantees.md | sed 's/::/ /')
+[ "$missing" = 0 ]
