@@ -7,8 +7,8 @@
 //! * [`JobQueue`]: FIFO permits — oldest waiting source first, one waiter per
 //!   source — whose count in use drives RUNNING/PAUSED with
 //!   hysteresis, applied to registered receive-flow switches outside
-//!   every lock, never re-applied, never overwritten by a stale transition
-//! .
+//!   every lock, never re-applied, never overwritten by a stale
+//!   transition.
 //!
 //! The Core's byte HWM is a separate authority: nothing here reads or
 //! sizes it.

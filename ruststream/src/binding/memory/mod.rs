@@ -12,8 +12,8 @@
 //!   budget, read in fair rounds: a flooding connection never starves
 //!   the others ([`MemoryBroker::connect`], [`ReceiveRound`]).
 //! * Request/reply sources ([`SubscribeOptions::receive_flow`](crate::SubscribeOptions::receive_flow)) expose a
-//!   receive-flow switch: while paused, publishers wait as for a full queue
-//! ; [`MemoryBroker::queues`] shows the state.
+//!   receive-flow switch: while paused, publishers wait as for a full
+//!   queue; [`MemoryBroker::queues`] shows the state.
 //! * `nack` (and dropping a delivery unsettled) redelivers with attempt + 1;
 //!   `reject` goes to the subscription's dead-letter subject, else is dropped
 //!   with a warning.
