@@ -15,8 +15,8 @@ use crate::{Codec, Envelope, Error, Json, Message, Result};
 ///
 /// Every send is exactly one binding operation: where the broker's
 /// queue is full it waits for space until the send's deadline and then fails
-/// with [`Error::DeadlineExceeded`] — never retried, never re-targeted
-/// . A waiting send holds no job permit and no execution slot: other
+/// with [`Error::DeadlineExceeded`] — never retried, never re-targeted.
+/// A waiting send holds no job permit and no execution slot: other
 /// deliveries keep running. Requests do not wait for queue space on the
 /// reply side: replies complete the caller directly.
 ///

@@ -158,8 +158,8 @@ impl SubscriberConfig {
         self
     }
 
-    /// Whether job-queue pressure may pause this subscriber's receive flow
-    /// . Default: on for queue-group subscribers — competing
+    /// Whether job-queue pressure may pause this subscriber's receive flow.
+    /// Default: on for queue-group subscribers — competing
     /// consumers are the request/reply sources of a service — and off for
     /// fan-out (pub/sub) subscribers, which pressure never pauses.
     pub fn receive_flow(mut self, on: bool) -> Self {

@@ -1,6 +1,6 @@
 //! The receive-flow switch of a binding that pulls (JetStream pulls, Redis
-//! `XREADGROUP`, RabbitMQ's consumer): while paused, no new read is issued
-//! ; what was already read is still handed out.
+//! `XREADGROUP`, RabbitMQ's consumer): while paused, no new read is issued;
+//! what was already read is still handed out.
 
 use tokio::sync::watch;
 

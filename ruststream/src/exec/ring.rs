@@ -1,5 +1,5 @@
-//! The ring between a `threads(n)` feeder and one dedicated thread: 8 slots
-//! . The feeder is the only producer and checks for space before it
+//! The ring between a `threads(n)` feeder and one dedicated thread: 8 slots.
+//! The feeder is the only producer and checks for space before it
 //! takes a delivery from the broker, so a push never finds the ring full.
 //!
 //! The thread takes everything queued in one swap under the lock (no

@@ -1,5 +1,4 @@
-//! Job permits and the pressure state they drive
-//! .
+//! Job permits and the pressure state they drive.
 
 use std::sync::Arc;
 use std::time::Duration;

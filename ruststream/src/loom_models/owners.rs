@@ -1,5 +1,4 @@
-//! `workers(n, by_key)`: owner FIFOs, held records and the ready-owner set
-//! .
+//! `workers(n, by_key)`: owner FIFOs, held records and the ready-owner set.
 
 use std::future::poll_fn;
 use std::sync::Arc;

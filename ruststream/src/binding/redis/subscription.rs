@@ -107,8 +107,8 @@ impl RedisSubscription {
     /// Claims entries pending longer than `claim_idle` (nacked, or held by a
     /// consumer that went away), with their delivery counts as attempts.
     ///
-    /// Pages are as large as reads: one record plus one per extra permit
-    /// . A full page means more may be waiting — a crashed consumer's
+    /// Pages are as large as reads: one record plus one per extra permit.
+    /// A full page means more may be waiting — a crashed consumer's
     /// backlog — so the next call claims on at once from where this one
     /// stopped, and a takeover runs at read speed. An entry delivered
     /// twice already without being settled is claimed alone: if it takes
