@@ -16,6 +16,11 @@ cargo fmt --all --check
 step "cargo clippy --workspace --all-targets --all-features -- -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "layers: no import circle, no upward edge, no file over 600 lines (ARCHITECTURE.md)"
+python3 scripts/modgraph.py ruststream/src --top --never binding/:exec/ --never binding/:app/ \
+  --never binding/:pipeline --never binding/:host/ --never ingress/:app/ --never ingress/:host/ \
+  --never host/:exec/ --never host/:app/ --never host/:pipeline --max-scc 1 --max-lines 600
+
 step "cargo doc (links resolve, no warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 

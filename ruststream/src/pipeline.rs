@@ -76,8 +76,10 @@ macro_rules! invoke {
     ($unit:expr, $delivery:expr, $handler:ident($body:expr)) => {{
         let unit = $unit;
         let delivery = $delivery;
-        // Not started (so not registered anywhere) unless something waits.
-        let mut aborted = ::std::pin::pin!(unit.abort.cancelled());
+        // Not started (so not registered anywhere, and not even built: the
+        // token's wait registers with a `Notify` when made) unless
+        // something waits.
+        let mut aborted = ::std::pin::pin!(async { unit.abort.cancelled().await });
         let scope =
             $crate::subscriber::Scope::new($crate::Delivery::envelope(&delivery), &unit.app);
         let outcome = {

@@ -15,6 +15,7 @@ use super::register::{StartContext, StartUnit};
 use crate::accept::AcceptLayer;
 use crate::binding::erased::ErasedBroker;
 use crate::host::Stop;
+use crate::subscriber::{StateKey, SubscriberConfig};
 use crate::{Error, Result, metrics};
 
 /// A running app: its subscriber loops are live.
@@ -83,7 +84,7 @@ impl RunningApp {
         } = parts;
         for unit in &units {
             unit.config().validate()?;
-            app.check_state(unit.config(), unit.requires())?;
+            check_state(&app, unit.config(), unit.requires())?;
         }
         hooks::run(hooks.on_startup, &app, "on_startup", true).await?;
         let stop = Stop::default();
@@ -255,4 +256,22 @@ impl RunningApp {
 
 fn take(hooks: &Mutex<Vec<hooks::Hook>>) -> Vec<hooks::Hook> {
     std::mem::take(&mut *hooks.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// A startup error unless every shared state type a subscriber's handler
+/// takes is registered: a missing one would fail every delivery, so it is a
+/// configuration mistake.
+fn check_state(
+    app: &AppHandle,
+    config: &SubscriberConfig,
+    (handler, states): (&'static str, Vec<StateKey>),
+) -> Result<()> {
+    match states.iter().find(|key| !app.has_state(key.id())) {
+        Some(missing) => Err(Error::Config(format!(
+            "subscriber `{}` (handler `{handler}`) takes `State<{}>`, but the app has no state of that type: register it with `App::state(..)`",
+            config.subject(),
+            missing.name()
+        ))),
+        None => Ok(()),
+    }
 }

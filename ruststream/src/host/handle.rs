@@ -115,25 +115,9 @@ impl AppHandle {
         Arc::clone(value).downcast::<T>().ok()
     }
 
-    /// A startup error unless every shared state type a subscriber's
-    /// handler takes is registered: a missing one would fail every
-    /// delivery, so it is a configuration mistake.
-    pub(crate) fn check_state(
-        &self,
-        config: &crate::subscriber::SubscriberConfig,
-        (handler, states): (&'static str, Vec<crate::subscriber::StateKey>),
-    ) -> crate::Result<()> {
-        match states
-            .iter()
-            .find(|key| !self.inner.state.contains_key(&key.id()))
-        {
-            Some(missing) => Err(crate::Error::Config(format!(
-                "subscriber `{}` (handler `{handler}`) takes `State<{}>`, but the app has no state of that type: register it with `App::state(..)`",
-                config.subject(),
-                missing.name()
-            ))),
-            None => Ok(()),
-        }
+    /// Whether a shared state value of this type is registered.
+    pub(crate) fn has_state(&self, id: TypeId) -> bool {
+        self.inner.state.contains_key(&id)
     }
 
     /// Asks the app to shut down gracefully, from anywhere (a handler, a hook,

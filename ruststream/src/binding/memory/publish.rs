@@ -54,6 +54,7 @@ impl Inner {
     /// frame, as with a waiting publish).
     /// `request`: a subject with no subscribers fails with `NoResponders`
     /// rather than dropping the message.
+    #[inline]
     fn publish_now(
         &self,
         peer: u64,
