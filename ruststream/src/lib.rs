@@ -66,6 +66,9 @@ pub mod __private;
 
 pub use accept::{AcceptLayer, Verdict};
 pub use app::{App, AppHandle, BoundSubscriber, IntoSubscriber, NoBroker, RunningApp};
+/// The Kafka binding (feature `kafka`).
+#[cfg(feature = "kafka")]
+pub use binding::kafka;
 pub use binding::memory::{
     MemoryBroker, MemoryBrokerBuilder, MemoryDelivery, MemorySubscription, QueueStats,
     ROUND_RECORDS, ReceiveRound,

@@ -12,6 +12,8 @@
 //! The per-subscriber loop is generic over these traits: no boxing and no
 //! dynamic dispatch per message.
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -199,7 +201,12 @@ pub trait Subscription: Send + 'static {
 /// receives one delivery (through the binding's own `next`) into the
 /// subscription's `ahead` slot, `try_next` hands it out, and `next` must
 /// look there first.
-#[cfg(any(feature = "nats", feature = "redis", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "kafka"
+))]
 macro_rules! read_ahead_of_one {
     ($delivery:ty) => {
         async fn ready(&mut self) -> bool {
@@ -214,7 +221,12 @@ macro_rules! read_ahead_of_one {
         }
     };
 }
-#[cfg(any(feature = "nats", feature = "redis", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "kafka"
+))]
 pub(crate) use read_ahead_of_one;
 
 /// One received message, not yet settled.
