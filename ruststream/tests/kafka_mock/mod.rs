@@ -38,7 +38,8 @@ impl MockKafka {
     fn cluster(&self) -> *mut raw::rd_kafka_mock_cluster_t {
         use rdkafka::producer::Producer;
         // SAFETY: the owner was made with `test.mock.num.brokers`.
-        let cluster = unsafe { raw::rd_kafka_handle_mock_cluster(self.owner.client().native_ptr()) };
+        let cluster =
+            unsafe { raw::rd_kafka_handle_mock_cluster(self.owner.client().native_ptr()) };
         assert!(!cluster.is_null(), "the owner has a mock cluster");
         cluster
     }
@@ -57,12 +58,22 @@ impl MockKafka {
     /// ones are refused until [`up`](Self::up).
     pub fn down(&self, id: i32) {
         use rdkafka::producer::Producer;
-        self.owner.client().mock_cluster().unwrap().broker_down(id).unwrap();
+        self.owner
+            .client()
+            .mock_cluster()
+            .unwrap()
+            .broker_down(id)
+            .unwrap();
     }
 
     /// Brings broker `id` back.
     pub fn up(&self, id: i32) {
         use rdkafka::producer::Producer;
-        self.owner.client().mock_cluster().unwrap().broker_up(id).unwrap();
+        self.owner
+            .client()
+            .mock_cluster()
+            .unwrap()
+            .broker_up(id)
+            .unwrap();
     }
 }

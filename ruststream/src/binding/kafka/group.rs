@@ -178,10 +178,18 @@ impl ConsumerContext for GroupContext {
         }
     }
 
-    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
-        if let Err(err) = result {
-            tracing::debug!(error = %err, "Kafka offset commit failed");
-            crate::metrics::connection_event("kafka", "commit_failed");
+    /// A failed commit is sent again with the next one (a group in the
+    /// middle of a rebalance refuses commits for a moment).
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        let Err(err) = result else { return };
+        tracing::debug!(error = %err, "Kafka offset commit failed; it is sent again with the next");
+        crate::metrics::connection_event("kafka", "commit_failed");
+        for elem in offsets.elements() {
+            if let (Some((_, acks)), Offset::Offset(at)) =
+                (self.window(elem.topic(), elem.partition()), elem.offset())
+            {
+                acks.commit_failed(at);
+            }
         }
     }
 }

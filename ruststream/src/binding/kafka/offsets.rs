@@ -164,6 +164,15 @@ impl PartitionAcks {
         })
     }
 
+    /// A commit of `offset` failed: the next commit sends the settled
+    /// prefix again.
+    pub(crate) fn commit_failed(&self, offset: i64) {
+        let mut window = self.lock();
+        if window.committed == offset {
+            window.committed = -1;
+        }
+    }
+
     /// Whether the partition was revoked.
     pub(crate) fn sealed(&self) -> bool {
         self.lock().sealed

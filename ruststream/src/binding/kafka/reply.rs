@@ -40,7 +40,10 @@ impl Inbox {
         );
         let partitions = broker.ensure_topic(&topic).await?;
         let mut config = settings.client_config(broker.bootstrap());
+        // A group id only because librdkafka assigns partitions through
+        // its group machinery; the inbox never joins or commits.
         config
+            .set("group.id", &topic)
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false");
         let consumer: Arc<StreamConsumer> =
