@@ -136,6 +136,9 @@ mod book {
     #[cfg(feature = "rabbitmq")]
     #[doc = include_str!("../../book/src/rabbitmq.md")]
     mod rabbitmq {}
+    #[cfg(feature = "kafka")]
+    #[doc = include_str!("../../book/src/kafka.md")]
+    mod kafka {}
     #[cfg(all(feature = "nats", feature = "redis", feature = "rabbitmq"))]
     #[doc = include_str!("../../book/src/failures.md")]
     mod failures {}
