@@ -159,12 +159,16 @@ impl KafkaBrokerBuilder {
     /// only, librdkafka's prefetch is bounded.
     pub(crate) fn consumer_config(&self, bootstrap: &str, group: &str) -> ClientConfig {
         let mut config = self.client_config(bootstrap);
+        if config.get("auto.offset.reset").is_none() {
+            // Where a committed offset is gone (retention): the oldest
+            // record left, so nothing is skipped.
+            config.set("auto.offset.reset", "earliest");
+        }
         let kbytes = self.prefetch_kbytes;
         config
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
             .set("queued.max.messages.kbytes", kbytes.to_string())
             .set("queued.min.messages", "1000");

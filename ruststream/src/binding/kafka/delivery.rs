@@ -58,10 +58,10 @@ impl KafkaDelivery {
 
     /// Marks the record settled in its window.
     fn settle(&self) {
-        if let Some(at) = &self.at {
-            if at.window.settle(at.offset) {
-                self.shared.settled();
-            }
+        if let Some(at) = &self.at
+            && at.window.settle(at.offset)
+        {
+            self.shared.settled();
         }
     }
 

@@ -131,8 +131,11 @@ impl GroupContext {
                 }
             }
         }
-        if self.commits && last.count() > 0 {
-            if let Err(err) = consumer.commit(&last, CommitMode::Sync) {
+        if self.commits
+            && last.count() > 0
+            && let Err(err) = consumer.commit(&last, CommitMode::Sync)
+        {
+            {
                 tracing::warn!(error = %err, "Kafka: the commit on revocation failed; the partitions' next owner reads their settled records again");
                 crate::metrics::connection_event("kafka", "commit_failed");
             }

@@ -96,8 +96,10 @@ impl PartitionAcks {
         }
         let mut commit = None;
         let mut attempt = attempt;
-        if let Some((start, delivered)) = window.resume.take() {
-            if start == offset {
+        if let Some((start, delivered)) = window.resume.take()
+            && start == offset
+        {
+            {
                 attempt = attempt.max(delivered.saturating_add(1));
                 commit = Some(Commit {
                     offset,

@@ -130,6 +130,11 @@ impl KafkaSubscription {
         }
         let config = settings.consumer_config(broker.bootstrap(), &group);
         let context = GroupContext::new(retry_topic.is_some());
+        // New groups start where the topic ends now, unless the app asks
+        // for the beginning (`auto.offset.reset=earliest`).
+        let from_beginning = settings.properties.iter().any(|(k, v)| {
+            k == "auto.offset.reset" && matches!(v.as_str(), "earliest" | "smallest" | "beginning")
+        });
         let consumer =
             Arc::new(Consumer_::from_config_and_context(&config, context).map_err(config_error)?);
         let ends = broker
@@ -137,7 +142,7 @@ impl KafkaSubscription {
             .await?;
         match &retry_topic {
             Some(retry) => {
-                {
+                if !from_beginning {
                     let mut starts = consumer
                         .context()
                         .ends
