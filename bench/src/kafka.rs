@@ -64,7 +64,12 @@ fn preload(producer: &ThreadedProducer<DefaultProducerContext>, topic: &str, n: 
         loop {
             match producer.send(record) {
                 Ok(()) => break,
-                Err((_, back)) => {
+                Err((err, back)) => {
+                    if err.rdkafka_error_code()
+                        != Some(ruststream::kafka::rdkafka::types::RDKafkaErrorCode::QueueFull)
+                    {
+                        return Err(err.into());
+                    }
                     record = back;
                     std::thread::sleep(Duration::from_millis(1));
                 }
