@@ -4,10 +4,13 @@
 # message, Redis Streams read 100 at a time. Prints the median msgs/s of 5
 # interleaved rounds and the framework/raw ratio. Needs NATS with JetStream
 # (RUSTSTREAM_NATS_URL, default 127.0.0.1:4222) and Redis
-# (RUSTSTREAM_REDIS_URL, default 127.0.0.1:6379).
+# (RUSTSTREAM_REDIS_URL, default 127.0.0.1:6379). Kafka: a consumer group
+# reading preloaded records, framework vs a raw rdkafka StreamConsumer
+# committing each record (async), on librdkafka's mock cluster in the bench
+# process (or RUSTSTREAM_KAFKA_BOOTSTRAP).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --release -p ruststream-bench --features nats,redis,rabbitmq --manifest-path "$root/Cargo.toml" >&2
+cargo build --release -p ruststream-bench --features nats,redis,rabbitmq,kafka --manifest-path "$root/Cargo.toml" >&2
 bin=${CARGO_TARGET_DIR:-$root/target}/release/ruststream-bench
 n=${N:-100000}
 rounds=5
@@ -23,7 +26,7 @@ for ((round = 1; round <= rounds; round++)); do
   done
 done
 printf '%-16s %12s %8s\n' scenario msgs/s vs-raw
-for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "rabbitmq raw-rabbitmq"; do
+for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka"; do
   read -r fw raw <<<"$pair"
   f=$(echo "${rates[$fw]}" | median)
   r=$(echo "${rates[$raw]}" | median)

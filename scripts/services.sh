@@ -63,3 +63,20 @@ ensure_rabbitmq() {
   ERL_EPMD_ADDRESS=127.0.0.1 RABBITMQ_CONFIG_FILE=$conf rabbitmq-server -detached
   wait_port 5672 60 rabbitmq-server
 }
+
+# The Kafka binding builds librdkafka from the source its crate ships (its
+# own configure and make, about a minute on two cores): it needs a C
+# compiler, make, pkg-config and OpenSSL's headers. Its tests and example
+# run on librdkafka's mock cluster, inside the test process: no Kafka
+# server to start.
+ensure_kafka_build() {
+  local missing=()
+  command -v cc >/dev/null || missing+=(gcc libc6-dev)
+  command -v make >/dev/null || missing+=(make)
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
+  pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing what librdkafka's build needs: ${missing[*]}"
+    apt_install "${missing[@]}"
+  fi
+}

@@ -40,6 +40,7 @@ macro_rules! broker_scenarios {
 broker_scenarios!("nats", nats);
 broker_scenarios!("redis", redis);
 broker_scenarios!("rabbitmq", rabbitmq);
+broker_scenarios!("kafka", kafka);
 mod payload;
 mod progress;
 mod scenarios;
@@ -56,7 +57,7 @@ fn main() -> ExitCode {
         let names: Vec<&str> = if args[0] == "--list" {
             scenarios::NAMES.to_vec()
         } else {
-            [nats::NAMES, redis::NAMES, rabbitmq::NAMES].concat()
+            [nats::NAMES, redis::NAMES, rabbitmq::NAMES, kafka::NAMES].concat()
         };
         for name in names {
             println!("{name}");
@@ -68,6 +69,7 @@ fn main() -> ExitCode {
             || nats::NAMES.contains(&s)
             || redis::NAMES.contains(&s)
             || rabbitmq::NAMES.contains(&s)
+            || kafka::NAMES.contains(&s)
     };
     let (scenario, n) = match args.as_slice() {
         [scenario, n] if known(scenario) => match n.parse::<u64>() {
@@ -110,6 +112,9 @@ fn main() -> ExitCode {
             return Some(measured);
         }
         if let Some(measured) = rabbitmq::run(scenario, n).await {
+            return Some(measured);
+        }
+        if let Some(measured) = kafka::run(scenario, n).await {
             return Some(measured);
         }
         scenarios::run(scenario, Arc::clone(&payloads)).await

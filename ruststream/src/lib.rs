@@ -69,6 +69,9 @@ pub mod __private;
 
 pub use accept::{AcceptLayer, Verdict};
 pub use app::{App, BoundSubscriber, IntoSubscriber, NoBroker, RunningApp};
+/// The Kafka binding (feature `kafka`).
+#[cfg(feature = "kafka")]
+pub use binding::kafka;
 pub use binding::memory::MemoryBroker;
 /// The NATS binding (feature `nats`).
 #[cfg(feature = "nats")]
@@ -129,6 +132,9 @@ mod book {
     #[cfg(feature = "rabbitmq")]
     #[doc = include_str!("../../book/src/rabbitmq.md")]
     mod rabbitmq {}
+    #[cfg(feature = "kafka")]
+    #[doc = include_str!("../../book/src/kafka.md")]
+    mod kafka {}
     #[cfg(all(feature = "nats", feature = "redis", feature = "rabbitmq"))]
     #[doc = include_str!("../../book/src/failures.md")]
     mod failures {}

@@ -13,6 +13,8 @@
 //! dynamic dispatch per message.
 
 pub(crate) mod erased;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -201,7 +203,12 @@ pub trait Subscription: Send + 'static {
 /// receives one delivery (through the binding's own `next`) into the
 /// subscription's `ahead` slot, `try_next` hands it out, and `next` must
 /// look there first.
-#[cfg(any(feature = "nats", feature = "redis", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "kafka"
+))]
 macro_rules! read_ahead_of_one {
     ($delivery:ty) => {
         async fn ready(&mut self) -> bool {
@@ -216,7 +223,12 @@ macro_rules! read_ahead_of_one {
         }
     };
 }
-#[cfg(any(feature = "nats", feature = "redis", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "kafka"
+))]
 pub(crate) use read_ahead_of_one;
 
 /// One received message, not yet settled.
