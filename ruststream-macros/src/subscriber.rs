@@ -127,28 +127,6 @@ fn parse_args(args: TokenStream) -> darling::Result<Args> {
     Ok(Args { subject, options })
 }
 
-/// Where each argument of the handler comes from.
-enum Source {
-    Body,
-    Ctx,
-    /// A `State<T>`, with its type.
-    State(Box<Type>),
-}
-
-/// The extractor a parameter type names, by its last path segment: `Ctx`,
-/// `Ctx<MainRuntime>`, `State<T>`; anything else is the body.
-fn extractor(ty: &Type) -> Option<Source> {
-    let Type::Path(p) = ty else { return None };
-    let last = p.path.segments.last()?;
-    if last.ident == "Ctx" {
-        Some(Source::Ctx)
-    } else if last.ident == "State" && !last.arguments.is_empty() {
-        Some(Source::State(Box::new(ty.clone())))
-    } else {
-        None
-    }
-}
-
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let function: syn::ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
@@ -184,39 +162,35 @@ fn expand_fn(args: TokenStream, function: &syn::ItemFn) -> Result<TokenStream, T
             "a subscriber cannot be generic",
         ));
     }
-    let mut sources = Vec::new();
+    // The first argument is the body; every other one is an extractor, which
+    // the compiler checks by trait (`FromDelivery`), never by its name.
     let mut body: Option<&syn::PatType> = None;
+    let mut extractors: Vec<&syn::PatType> = Vec::new();
     for input in &sig.inputs {
         match input {
             FnArg::Receiver(r) => push_ranged(syn::Error::new_spanned(
                 r,
                 "a subscriber is a free function; it cannot take `self`",
             )),
-            FnArg::Typed(arg) if extractor(&arg.ty).is_some() => {
-                sources.extend(extractor(&arg.ty));
+            FnArg::Typed(arg) if body.is_none() => {
+                if let Type::Reference(r) = &*arg.ty {
+                    push_ranged(syn::Error::new_spanned(
+                        r,
+                        "a body is decoded into an owned value: take `String` instead of `&str`, \
+                         or `Bytes`/`Vec<u8>` instead of `&[u8]`",
+                    ));
+                }
+                body = Some(arg);
             }
             FnArg::Typed(arg) => {
-                if let Some(first) = body {
-                    let first = &first.pat;
+                if let Type::Reference(r) = &*arg.ty {
                     push_ranged(syn::Error::new_spanned(
-                        arg,
-                        format!(
-                            "a subscriber takes exactly one body argument, and `{}` already is it; \
-                             read metadata through `ctx: Ctx` instead",
-                            quote!(#first)
-                        ),
+                        r,
+                        "an extractor is an owned value: take `Headers`, `Subject`, `Ctx`, ... \
+                         without `&`",
                     ));
-                } else {
-                    if let Type::Reference(r) = &*arg.ty {
-                        push_ranged(syn::Error::new_spanned(
-                            r,
-                            "a body is decoded into an owned value: take `String` instead of `&str`, \
-                             or `Bytes`/`Vec<u8>` instead of `&[u8]`",
-                        ));
-                    }
-                    body = Some(arg);
                 }
-                sources.push(Source::Body);
+                extractors.push(arg);
             }
         }
     }
@@ -248,7 +222,7 @@ fn expand_fn(args: TokenStream, function: &syn::ItemFn) -> Result<TokenStream, T
     let (Some(args), Some(body)) = (args, body) else {
         unreachable!("errors were reported above")
     };
-    Ok(generate(function, &args, body, &sources, output))
+    Ok(generate(function, &args, body, &extractors, output))
 }
 
 fn unsupported_return(ty: &Type) -> Option<&'static str> {
@@ -270,7 +244,7 @@ fn generate(
     function: &syn::ItemFn,
     args: &Args,
     body: &syn::PatType,
-    sources: &[Source],
+    extractors: &[&syn::PatType],
     output: TokenStream,
 ) -> TokenStream {
     let syn::ItemFn {
@@ -320,19 +294,34 @@ fn generate(
         let n = **n;
         config.extend(quote!(.max_attempts(#n)));
     }
-    let call_args = sources.iter().map(|s| match s {
-        Source::Body => quote!(__body),
-        Source::Ctx => quote!(__scope.ctx()),
-        Source::State(_) => quote!(__scope.state()),
+    // Each extractor is taken before the handler starts; its error settles
+    // the delivery instead. Spanned on the argument's type, so a type that is
+    // not an extractor is reported there.
+    let ext_vars: Vec<_> = (0..extractors.len())
+        .map(|i| format_ident!("__extracted{}", i))
+        .collect();
+    let ext_calls = extractors.iter().map(|arg| {
+        let ty = &arg.ty;
+        quote_spanned! {ty.span()=>
+            <#ty as ::ruststream::extract::FromDelivery>::from_delivery(__scope)?
+        }
     });
-    // Checked at `App::start`: a missing state is a startup error.
-    let states = sources.iter().filter_map(|s| match s {
-        Source::State(ty) => Some(quote!(::ruststream::__private::state_key::<#ty>())),
-        _ => None,
+    let call_args: Vec<_> = std::iter::once(quote!(__body))
+        .chain(ext_vars.iter().map(|v| quote!(#v)))
+        .collect();
+    // Checked at `App::start`: state an extractor needs must be registered.
+    let n_extractors = extractors.len();
+    let ext_requirements = extractors.iter().map(|arg| {
+        let ty = &arg.ty;
+        quote_spanned! {ty.span()=>
+            <#ty as ::ruststream::extract::FromDelivery>::required_state()
+        }
     });
     let required_state = quote! {
         fn required_state(&self) -> ::std::vec::Vec<::ruststream::subscriber::StateKey> {
-            ::std::vec![#(#states),*]
+            let __each: [::core::option::Option<::ruststream::subscriber::StateKey>; #n_extractors] =
+                [#(#ext_requirements),*];
+            __each.into_iter().flatten().collect()
         }
     };
     let options = &args.options;
@@ -409,6 +398,30 @@ fn generate(
         ::ruststream::__private::outcome!(#codec, __future.await)
     };
     let asyncness = quote!(async move);
+    // Without extractors the handler's future is made at once, as a plain
+    // call would: nothing is taken, nothing can fail before it.
+    let invoke = if extractors.is_empty() {
+        quote! {
+            let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));
+            async move { #outcome }
+        }
+    } else {
+        quote! {
+            let __extracted = (|| {
+                ::core::result::Result::<_, ::ruststream::HandlerError>::Ok((#(#ext_calls,)*))
+            })();
+            async move {
+                let (#(#ext_vars,)*) = match __extracted {
+                    ::core::result::Result::Ok(__values) => __values,
+                    ::core::result::Result::Err(__err) => {
+                        return ::ruststream::__private::extractor_failed(__err);
+                    }
+                };
+                let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));
+                #outcome
+            }
+        }
+    };
 
     quote! {
         #(#attrs)*
@@ -464,8 +477,7 @@ fn generate(
                     __body: #body_ty,
                     __scope: &::ruststream::subscriber::Scope<'_>,
                 ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome> {
-                    let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));
-                    async move { #outcome }
+                    #invoke
                 }
             }
 

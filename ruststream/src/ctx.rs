@@ -9,9 +9,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::binding::erased::ErasedBroker;
 use crate::host::AppHandle;
 use crate::tasks::FollowUps;
-use crate::{Envelope, Error, Headers, Text};
+use crate::{Codec, Envelope, Error, Headers, Json, Message, Text};
 
 mod sealed {
     pub trait Sealed {}
@@ -65,6 +69,9 @@ impl CtxRuntime for MainRuntime {
 pub struct Ctx<R: CtxRuntime = Here> {
     env: Envelope,
     runtime: R::Handle,
+    /// The broker that delivered the message: what `publish` and `request`
+    /// go through.
+    broker: Arc<dyn ErasedBroker>,
     follow_ups: Arc<FollowUps>,
 }
 
@@ -73,6 +80,7 @@ impl<R: CtxRuntime> Clone for Ctx<R> {
         Ctx {
             env: self.env.clone(),
             runtime: self.runtime.clone(),
+            broker: Arc::clone(&self.broker),
             follow_ups: Arc::clone(&self.follow_ups),
         }
     }
@@ -85,12 +93,65 @@ impl<R: CtxRuntime> fmt::Debug for Ctx<R> {
 }
 
 impl<R: CtxRuntime> Ctx<R> {
-    pub(crate) fn new(env: &Envelope, app: &AppHandle, follow_ups: Arc<FollowUps>) -> Self {
+    pub(crate) fn new(
+        env: &Envelope,
+        app: &AppHandle,
+        broker: Arc<dyn ErasedBroker>,
+        follow_ups: Arc<FollowUps>,
+    ) -> Self {
         Ctx {
             env: env.clone(),
             runtime: R::handle(app),
+            broker,
             follow_ups,
         }
+    }
+
+    /// Publishes `value`, JSON-encoded, to `subject` on the broker that
+    /// delivered this message (its default publish deadline). For another
+    /// codec, headers or a deadline, use a [`Publisher`](crate::Publisher).
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// #[subscriber("orders")]
+    /// async fn confirm(id: u64, ctx: Ctx) -> Result<(), HandlerError> {
+    ///     ctx.publish("orders.confirmed", &id).await?;
+    ///     Ok(())
+    /// }
+    /// ```
+    pub async fn publish<T: Serialize + ?Sized>(
+        &self,
+        subject: &str,
+        value: &T,
+    ) -> Result<(), Error> {
+        let payload = Json::encode(value).map_err(Error::Encode)?;
+        self.broker
+            .publish_boxed(subject, Message::new(payload), None)
+            .await
+    }
+
+    /// Sends `value`, JSON-encoded, as a request on the broker that
+    /// delivered this message and decodes the reply; a reply that reports a
+    /// failure is an error (as for
+    /// [`Requester::request_message`](crate::Requester::request_message)).
+    pub async fn request<T, R2>(
+        &self,
+        subject: &str,
+        value: &T,
+        timeout: Duration,
+    ) -> Result<R2, Error>
+    where
+        T: Serialize + ?Sized,
+        R2: DeserializeOwned,
+    {
+        let payload = Json::encode(value).map_err(Error::Encode)?;
+        let reply = self
+            .broker
+            .request_boxed(subject, Message::new(payload), timeout)
+            .await
+            .and_then(crate::binding::reply_result)?;
+        Json::decode(reply.payload()).map_err(Error::Decode)
     }
 
     /// Runs `continuation` after this delivery is acked, as a task the app

@@ -88,6 +88,8 @@ impl Error {
 pub struct HandlerError {
     source: BoxError,
     retry: bool,
+    /// Raised by an extractor: the handler never ran.
+    before_handler: bool,
 }
 
 impl HandlerError {
@@ -96,6 +98,7 @@ impl HandlerError {
         HandlerError {
             source: err.into(),
             retry: true,
+            before_handler: false,
         }
     }
 
@@ -104,6 +107,7 @@ impl HandlerError {
         HandlerError {
             source: err.into(),
             retry: false,
+            before_handler: false,
         }
     }
 
@@ -115,6 +119,16 @@ impl HandlerError {
     /// The underlying error.
     pub fn source(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.source
+    }
+
+    /// Marks an extractor's error: the handler never ran.
+    pub(crate) fn before_handler(mut self) -> Self {
+        self.before_handler = true;
+        self
+    }
+
+    pub(crate) fn is_before_handler(&self) -> bool {
+        self.before_handler
     }
 
     pub(crate) fn panic(message: String) -> Self {

@@ -47,6 +47,7 @@ mod coop;
 mod ctx;
 mod error;
 mod exec;
+pub mod extract;
 mod host;
 pub mod ingress;
 mod key;

@@ -80,8 +80,11 @@ macro_rules! invoke {
         // token's wait registers with a `Notify` when made) unless
         // something waits.
         let mut aborted = ::std::pin::pin!(async { unit.abort.cancelled().await });
-        let scope =
-            $crate::subscriber::Scope::new($crate::Delivery::envelope(&delivery), &unit.app);
+        let scope = $crate::subscriber::Scope::new(
+            $crate::Delivery::envelope(&delivery),
+            &unit.app,
+            &unit.broker,
+        );
         let outcome = {
             let handler = ::std::pin::pin!(unit.subscriber.$handler($body, &scope));
             $crate::pipeline::or_abort($crate::pipeline::Caught(handler), aborted.as_mut()).await
@@ -343,13 +346,18 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         let env = delivery.envelope();
         metrics::handler_error(&self.config.subject);
         let attempt = env.total_attempt();
+        let stage = if err.is_before_handler() {
+            "an extractor refused the delivery"
+        } else {
+            "handler failed"
+        };
         if err.is_retry() && attempt < self.config.max_attempts {
             tracing::warn!(
                 subject = %env.subject(),
                 attempt,
                 max_attempts = self.config.max_attempts,
                 error = %err,
-                "handler failed; redelivering"
+                "{stage}; redelivering"
             );
             return self.settled(delivery.nack().await);
         }
@@ -357,9 +365,13 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             subject = %env.subject(),
             attempt,
             error = %err,
-            "handler failed; message rejected"
+            "{stage}; message rejected"
         );
-        let reason = format!("handler failed at attempt {attempt}: {err}");
+        let reason = if err.is_before_handler() {
+            format!("refused before the handler at attempt {attempt}: {err}")
+        } else {
+            format!("handler failed at attempt {attempt}: {err}")
+        };
         self.reply(&delivery, error_reply(&reason), "handler-error")
             .await;
         metrics::rejected(&self.config.subject);

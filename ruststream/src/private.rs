@@ -8,26 +8,15 @@ pub use bytes::Bytes;
 
 pub use crate::key::key_hash;
 pub use crate::subscriber::Outcome;
-pub use crate::subscriber::{StateKey, SubscriberConfig};
+pub use crate::subscriber::SubscriberConfig;
 pub use crate::{__outcome as outcome, Ctx, HandlerError};
 
-/// The key of a `State<T>` argument, for the generated
-/// `Subscriber::required_state`.
-pub fn state_key<S: StateArg>() -> StateKey {
-    S::key()
+/// What an extractor's error settles: marked, so the dead-letter reason
+/// says the handler never ran.
+pub fn extractor_failed(err: HandlerError) -> Outcome {
+    Outcome::Failed(err.before_handler())
 }
 
-/// A `State<T>` handler argument.
-pub trait StateArg {
-    /// The key of its `T`.
-    fn key() -> StateKey;
-}
-
-impl<T: Send + Sync + 'static> StateArg for crate::State<T> {
-    fn key() -> StateKey {
-        StateKey::of::<T>()
-    }
-}
 use crate::{BoxError, Codec};
 
 /// What a `#[subscriber]` function returns: its future, tagged with the
@@ -162,7 +151,7 @@ impl<T> CodecBody<T> for BodyKind<T> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a message body",
     label = "the body argument must be decodable",
-    note = "derive `serde::Deserialize` for it, or take `Bytes`, `String` or `Vec<u8>` for the raw payload"
+    note = "a subscriber's first argument is the message body: derive `serde::Deserialize` for it, or take `Bytes`, `String` or `Vec<u8>` for the raw payload; extractors such as `Ctx` or `State<T>` come after the body"
 )]
 pub trait MessageBody: serde::de::DeserializeOwned + Send + 'static {}
 impl<T: serde::de::DeserializeOwned + Send + 'static> MessageBody for T {}

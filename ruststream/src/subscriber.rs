@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use std::sync::{Arc, OnceLock};
 
+use crate::binding::erased::ErasedBroker;
 use crate::ctx::CtxRuntime;
 use crate::host::AppHandle;
 use crate::tasks::FollowUps;
@@ -259,20 +260,28 @@ pub enum Outcome {
     Failed(HandlerError),
 }
 
-/// What a handler invocation may look at: the delivery and the app.
+/// What a handler invocation may look at: the delivery, the app, and the
+/// broker that delivered it. Extractors
+/// ([`FromDelivery`](crate::extract::FromDelivery)) read from it.
 pub struct Scope<'a> {
     envelope: &'a Envelope,
     app: &'a AppHandle,
+    broker: &'a dyn ErasedBroker,
     /// Created with the first [`Ctx`]: the follow-ups it may ask for.
     follow_ups: OnceLock<Arc<FollowUps>>,
 }
 
 impl<'a> Scope<'a> {
     #[inline]
-    pub(crate) fn new(envelope: &'a Envelope, app: &'a AppHandle) -> Self {
+    pub(crate) fn new(
+        envelope: &'a Envelope,
+        app: &'a AppHandle,
+        broker: &'a dyn ErasedBroker,
+    ) -> Self {
         Scope {
             envelope,
             app,
+            broker,
             follow_ups: OnceLock::new(),
         }
     }
@@ -292,7 +301,12 @@ impl<'a> Scope<'a> {
         let follow_ups = self
             .follow_ups
             .get_or_init(|| Arc::new(FollowUps::new(self.app.clone())));
-        Ctx::new(self.envelope, self.app, Arc::clone(follow_ups))
+        Ctx::new(
+            self.envelope,
+            self.app,
+            self.broker.clone_arc(),
+            Arc::clone(follow_ups),
+        )
     }
 
     /// The shared state of type `T` (see [`App::state`](crate::App::state)).
@@ -343,6 +357,37 @@ impl<'a> Scope<'a> {
 /// ```
 #[derive(Debug)]
 pub struct State<T>(pub Arc<T>);
+
+impl<T> State<T> {
+    /// A state value, for calling a handler directly (in a unit test) the
+    /// way the app would.
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// struct Rate {
+    ///     per_cent: f64,
+    /// }
+    ///
+    /// #[subscriber("prices")]
+    /// async fn convert(cents: u64, rate: State<Rate>) -> f64 {
+    ///     cents as f64 * rate.per_cent
+    /// }
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// assert_eq!(convert(100, State::new(Rate { per_cent: 0.5 })).await, 50.0);
+    /// # });
+    /// ```
+    pub fn new(value: T) -> Self {
+        State(Arc::new(value))
+    }
+}
+
+impl<T> From<Arc<T>> for State<T> {
+    fn from(value: Arc<T>) -> Self {
+        State(value)
+    }
+}
 
 impl<T> Clone for State<T> {
     fn clone(&self) -> Self {

@@ -240,3 +240,19 @@ handler_fn!(A1);
 handler_fn!(A1, A2);
 handler_fn!(A1, A2, A3);
 handler_fn!(A1, A2, A3, A4);
+handler_fn!(A1, A2, A3, A4, A5);
+handler_fn!(A1, A2, A3, A4, A5, A6);
+handler_fn!(A1, A2, A3, A4, A5, A6, A7);
+handler_fn!(A1, A2, A3, A4, A5, A6, A7, A8);
+handler_fn!(A1, A2, A3, A4, A5, A6, A7, A8, A9);
+handler_fn!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10);
+handler_fn!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11);
+handler_fn!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12);
+handler_fn!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13);
+handler_fn!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14);
+handler_fn!(
+    A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15
+);
+handler_fn!(
+    A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, A16
+);

@@ -13,6 +13,8 @@
 //! dynamic dispatch per message.
 
 pub(crate) mod erased;
+
+pub use erased::DynRequester;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod memory;
@@ -129,6 +131,14 @@ pub trait Broker: Clone + Send + Sync + 'static {
     /// Closes the connection. Later calls fail with `Error::Closed`; closing
     /// twice is fine.
     fn close(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// This broker's request/reply, for code that holds the broker without
+    /// its type (a handler's [`Ctx::request`](crate::Ctx::request)).
+    /// Brokers that implement [`Requester`] return `Some(self)`; the
+    /// default is `None`.
+    fn as_requester(&self) -> Option<&dyn DynRequester> {
+        None
+    }
 }
 
 /// One receive stream. The runtime never holds a job permit while a

@@ -261,6 +261,10 @@ fn produce_error(topic: &str, err: KafkaError) -> Error {
 }
 
 impl Broker for KafkaBroker {
+    fn as_requester(&self) -> Option<&dyn crate::binding::DynRequester> {
+        Some(self)
+    }
+
     type Subscription = KafkaSubscription;
 
     fn name(&self) -> &'static str {

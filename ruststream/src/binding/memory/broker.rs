@@ -12,6 +12,10 @@ use crate::binding::{Broker, SubscribeOptions};
 use crate::{Message, Result, Text};
 
 impl Broker for MemoryBroker {
+    fn as_requester(&self) -> Option<&dyn crate::binding::DynRequester> {
+        Some(self)
+    }
+
     type Subscription = MemorySubscription;
 
     fn name(&self) -> &'static str {

@@ -182,6 +182,10 @@ impl JetStream {
 }
 
 impl Broker for JetStream {
+    fn as_requester(&self) -> Option<&dyn crate::binding::DynRequester> {
+        Some(self)
+    }
+
     type Subscription = JetStreamSubscription;
 
     fn name(&self) -> &'static str {

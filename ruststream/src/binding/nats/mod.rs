@@ -316,6 +316,10 @@ fn publish_error(err: async_nats::PublishError) -> Error {
 }
 
 impl Broker for NatsBroker {
+    fn as_requester(&self) -> Option<&dyn crate::binding::DynRequester> {
+        Some(self)
+    }
+
     type Subscription = NatsSubscription;
 
     fn name(&self) -> &'static str {

@@ -267,6 +267,10 @@ fn binding_key(subject: &str) -> String {
 }
 
 impl Broker for RabbitBroker {
+    fn as_requester(&self) -> Option<&dyn crate::binding::DynRequester> {
+        Some(self)
+    }
+
     type Subscription = RabbitSubscription;
 
     fn name(&self) -> &'static str {

@@ -335,6 +335,10 @@ impl RedisBroker {
 }
 
 impl Broker for RedisBroker {
+    fn as_requester(&self) -> Option<&dyn crate::binding::DynRequester> {
+        Some(self)
+    }
+
     type Subscription = RedisSubscription;
 
     fn name(&self) -> &'static str {

@@ -1,4 +1,4 @@
-//! The context may come before the body.
+//! The body comes first: a `Ctx` in its place is not a message body.
 use ruststream::prelude::*;
 
 #[derive(Deserialize)]
