@@ -19,7 +19,8 @@ pub(crate) enum KeyFrom {
 
 /// `(n, by_key...)`.
 pub(crate) struct Pool {
-    pub(crate) n: usize,
+    /// The count: a literal, or a constant.
+    pub(crate) n: syn::Expr,
     pub(crate) by_key: Option<KeyFrom>,
     pub(crate) span: Span,
 }
@@ -31,24 +32,27 @@ impl FromMeta for Pool {
                 "give the number of workers or threads, e.g. `workers(4)`",
             ));
         };
-        let n = match first {
+        let n: syn::Expr = match first {
             NestedMeta::Lit(syn::Lit::Int(n)) => {
-                let value: usize = n.base10_parse()?;
-                if value == 0 {
+                if n.base10_parse::<usize>()? == 0 {
                     return Err(darling::Error::custom(
                         "needs at least 1: `workers(0)` or `threads(0)` would never run the handler",
                     )
                     .with_span(n));
                 }
-                (value, n.span())
+                syn::parse_quote!(#n)
+            }
+            NestedMeta::Meta(syn::Meta::Path(path)) if !path.is_ident("by_key") => {
+                syn::parse_quote!(#path)
             }
             other => {
                 return Err(darling::Error::custom(
-                    "the first argument is the count, an integer literal, e.g. `workers(4)`",
+                    "the first argument is the count: a whole number or a constant, e.g. `workers(4)`",
                 )
                 .with_span(other));
             }
         };
+        let span = first.span();
         let mut by_key = None;
         for item in rest {
             let key = match item {
@@ -75,11 +79,7 @@ impl FromMeta for Pool {
                 return Err(darling::Error::custom("`by_key` is set twice").with_span(item));
             }
         }
-        Ok(Pool {
-            n: n.0,
-            by_key,
-            span: n.1,
-        })
+        Ok(Pool { n, by_key, span })
     }
 }
 
@@ -87,7 +87,7 @@ impl FromMeta for Pool {
 pub(crate) fn config_calls(workers: Option<&Pool>, threads: Option<&Pool>) -> TokenStream {
     match (workers, threads) {
         (Some(p), _) => {
-            let n = p.n;
+            let n = &p.n;
             if p.by_key.is_some() {
                 quote!(.workers_by_key(#n))
             } else {
@@ -95,7 +95,7 @@ pub(crate) fn config_calls(workers: Option<&Pool>, threads: Option<&Pool>) -> To
             }
         }
         (None, Some(p)) => {
-            let n = p.n;
+            let n = &p.n;
             if p.by_key.is_some() {
                 quote!(.threads_by_key(#n))
             } else {

@@ -4,8 +4,8 @@
 //! subscriber's codec; every further argument is an extractor, a type that
 //! implements [`FromDelivery`]. The built-in ones read the delivery
 //! ([`Subject`], [`Attempt`], [`Key`], [`CorrelationId`], [`ReplyTo`],
-//! [`Headers`](crate::Headers), a single [`Header`], the raw [`Payload`])
-//! or the app ([`State`](crate::State), [`Ctx`](crate::Ctx)). Your own
+//! [`Headers`], a single [`Header`], the raw [`Payload`])
+//! or the app ([`State`], [`Ctx`]). Your own
 //! types work the same way:
 //!
 //! ```

@@ -69,7 +69,7 @@ mod loom_models;
 pub mod __private;
 
 pub use accept::{AcceptLayer, Verdict};
-pub use app::{App, BoundSubscriber, IntoSubscriber, NoBroker, RunningApp};
+pub use app::{App, BoundSubscriber, Configure, Configured, IntoSubscriber, NoBroker, RunningApp};
 /// The Kafka binding (feature `kafka`).
 #[cfg(feature = "kafka")]
 pub use binding::kafka;
@@ -98,8 +98,8 @@ pub use ruststream_macros::{app, subscriber};
 /// Everything a typical service needs, in one import.
 pub mod prelude {
     pub use crate::{
-        App, Broker, Ctx, Delivery, HandlerError, MainRuntime, MemoryBroker, Message, Publisher,
-        Requester, RunningApp, State, Subscription, subscriber,
+        App, Broker, Configure, Ctx, Delivery, HandlerError, MainRuntime, MemoryBroker, Message,
+        Publisher, Requester, RunningApp, State, Subscription, subscriber,
     };
     pub use bytes::Bytes;
     pub use serde::{Deserialize, Serialize};

@@ -263,6 +263,24 @@ impl<T> CodecReply<T> for ReplyKind<T> {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __outcome {
+    // A `Result` return: split through `HandlerResult`, whose message names
+    // the fix when the error type is not a handler error.
+    (result $codec:ty, $value:expr) => {{
+        #[allow(unused_imports)]
+        use $crate::__private::{CodecReply as _, RawReply as _};
+        match $crate::__private::HandlerResult::split($value) {
+            ::core::result::Result::Ok(__reply) => {
+                match (&&$crate::__private::ReplyKind::of(&__reply)).encode_reply::<$codec>(__reply)
+                {
+                    ::core::result::Result::Ok(__bytes) => $crate::__private::Outcome::Ack(__bytes),
+                    ::core::result::Result::Err(__err) => $crate::__private::Outcome::Failed(
+                        $crate::__private::HandlerError::reject(__err),
+                    ),
+                }
+            }
+            ::core::result::Result::Err(__err) => $crate::__private::Outcome::Failed(__err),
+        }
+    }};
     ($codec:ty, $value:expr) => {{
         #[allow(unused_imports)]
         use $crate::__private::{
@@ -349,15 +367,38 @@ where
     runtime.block_on(async move { main().await.finish(config).await })
 }
 
-/// Checks, for a return type written `Result<_, E>`, that `E` converts into a
-/// [`HandlerError`]; otherwise the `Result` would be taken for a reply value.
+/// A handler's error type, with advice when it is not one.
 #[diagnostic::on_unimplemented(
-    message = "the error type of `{Self}` does not convert into `HandlerError`",
-    label = "a subscriber's `Err` must become a `HandlerError`",
-    note = "use `Result<_, HandlerError>` or an error type that implements `std::error::Error + Send + Sync + 'static`"
+    message = "`{Self}` cannot be a handler's error",
+    label = "the error type of the handler's `Result`",
+    note = "return `Result<_, HandlerError>`, or an error type that implements `std::error::Error` (it converts into a retryable `HandlerError`); wrap others with `HandlerError::reject(..)` or `HandlerError::retry(..)`"
 )]
-pub trait HandlerResult {}
-impl<T, E: Into<HandlerError>> HandlerResult for Result<T, E> {}
+pub trait IntoHandlerError {
+    /// The conversion.
+    fn into_handler_error(self) -> HandlerError;
+}
 
-/// Compile-time check for `Result` return types.
-pub const fn assert_result<R: HandlerResult>() {}
+impl IntoHandlerError for HandlerError {
+    fn into_handler_error(self) -> HandlerError {
+        self
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: std::error::Error + Send + Sync + 'static> IntoHandlerError for E {
+    fn into_handler_error(self) -> HandlerError {
+        HandlerError::retry(self)
+    }
+}
+
+/// A handler's `Result` return value.
+pub trait HandlerResult<T> {
+    /// Success, or the error as a [`HandlerError`].
+    fn split(self) -> Result<T, HandlerError>;
+}
+
+impl<T, E: IntoHandlerError> HandlerResult<T> for Result<T, E> {
+    fn split(self) -> Result<T, HandlerError> {
+        self.map_err(IntoHandlerError::into_handler_error)
+    }
+}

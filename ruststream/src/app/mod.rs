@@ -7,7 +7,7 @@ mod signal;
 
 use std::sync::Arc;
 
-pub use register::{BoundSubscriber, IntoSubscriber};
+pub use register::{BoundSubscriber, Configure, Configured, IntoSubscriber};
 pub use running::RunningApp;
 
 use std::any::{Any, TypeId};
@@ -65,6 +65,8 @@ pub struct App<B = NoBroker> {
     after_ack: Option<AfterAck>,
     jobs: JobQueueSettings,
     shutdown_timeout: Option<Duration>,
+    /// Mistakes the builder cannot refuse by type, reported by `start`.
+    mistakes: Vec<Error>,
 }
 
 impl App<NoBroker> {
@@ -80,6 +82,7 @@ impl App<NoBroker> {
             after_ack: None,
             jobs: JobQueueSettings::default(),
             shutdown_timeout: None,
+            mistakes: Vec::new(),
         }
     }
 }
@@ -106,6 +109,7 @@ impl<B> App<B> {
             after_ack: self.after_ack,
             jobs: self.jobs,
             shutdown_timeout: self.shutdown_timeout,
+            mistakes: self.mistakes,
         }
     }
 
@@ -235,11 +239,49 @@ impl<B> App<B> {
 }
 
 impl<B: Broker> App<B> {
-    /// Adds a subscriber on the current broker: a `#[subscriber]` function, or
-    /// any [`Subscriber`](crate::subscriber::Subscriber) value.
+    /// Adds a subscriber on the current broker (the one registered last): a
+    /// `#[subscriber]` function, or any
+    /// [`Subscriber`](crate::subscriber::Subscriber) value. With several
+    /// brokers, [`subscriber_on`](Self::subscriber_on) names the one; either
+    /// way the app logs at start which broker serves each subject.
     pub fn subscriber<M>(mut self, subscriber: impl IntoSubscriber<M>) -> Self {
         self.units
             .push(subscriber.into_unit(self.current.clone()).0);
+        self
+    }
+
+    /// Adds a subscriber on the registered broker of type `T`, whatever was
+    /// registered last: the binding is spelled out where the subscriber is
+    /// added. No broker of that type is a startup error.
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// #[subscriber("payments")]
+    /// async fn settle(_p: Bytes) {}
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let running = App::new()
+    ///     .broker(MemoryBroker::new())
+    ///     .subscriber_on::<MemoryBroker, _>(settle)
+    ///     .start()
+    ///     .await?;
+    /// running.shutdown().await?;
+    /// # Ok::<_, ruststream::Error>(()) }).unwrap();
+    /// ```
+    pub fn subscriber_on<T: Broker, M>(mut self, subscriber: impl IntoSubscriber<M>) -> Self {
+        let broker = self
+            .brokers
+            .iter()
+            .find_map(|b| b.as_any().downcast_ref::<T>())
+            .cloned();
+        match broker {
+            Some(broker) => self.units.push(subscriber.into_unit(broker).0),
+            None => self.mistakes.push(Error::Config(format!(
+                "a subscriber is added on a `{}` broker, but the app has none: register it with `.broker(..)` first",
+                std::any::type_name::<T>()
+            ))),
+        }
         self
     }
 
@@ -252,6 +294,9 @@ impl<B: Broker> App<B> {
     /// runtime. When this returns, every subscription is open: messages
     /// published from now on are received.
     pub async fn start(self) -> Result<RunningApp> {
+        if let Some(mistake) = self.mistakes.into_iter().next() {
+            return Err(mistake);
+        }
         let app = AppHandle::new(self.state, self.after_ack, &self.jobs, self.brokers.clone())?;
         RunningApp::start(Parts {
             brokers: self.brokers,

@@ -32,6 +32,8 @@ pub(crate) trait StartUnit: Send {
     fn config(&self) -> &SubscriberConfig;
     /// The handler's name and the shared state types it takes.
     fn requires(&self) -> (&'static str, Vec<StateKey>);
+    /// The name of the broker it is bound to.
+    fn broker_name(&self) -> &'static str;
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>>;
 }
 
@@ -105,6 +107,10 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
         (self.subscriber.name(), self.subscriber.required_state())
     }
 
+    fn broker_name(&self) -> &'static str {
+        Broker::name(&self.broker)
+    }
+
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
             let mode = self.config.mode;
@@ -145,6 +151,10 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
 
     fn requires(&self) -> (&'static str, Vec<StateKey>) {
         (self.subscriber.name(), self.subscriber.required_state())
+    }
+
+    fn broker_name(&self) -> &'static str {
+        Broker::name(&self.broker)
     }
 
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
@@ -193,6 +203,14 @@ impl<S: SendSubscriber> IntoSubscriber<Direct> for S {
 
 fn send_unit<B: Broker, S: SendSubscriber>(broker: B, subscriber: S) -> BoundSubscriber {
     let config = subscriber.config();
+    send_unit_with(broker, subscriber, config)
+}
+
+fn send_unit_with<B: Broker, S: SendSubscriber>(
+    broker: B,
+    subscriber: S,
+    config: SubscriberConfig,
+) -> BoundSubscriber {
     BoundSubscriber(Box::new(SendUnit {
         broker,
         subscriber,
@@ -202,11 +220,93 @@ fn send_unit<B: Broker, S: SendSubscriber>(broker: B, subscriber: S) -> BoundSub
 
 fn local_unit<B: Broker, S: Subscriber>(broker: B, subscriber: S) -> BoundSubscriber {
     let config = subscriber.config();
+    local_unit_with(broker, subscriber, config)
+}
+
+fn local_unit_with<B: Broker, S: Subscriber>(
+    broker: B,
+    subscriber: S,
+    config: SubscriberConfig,
+) -> BoundSubscriber {
     BoundSubscriber(Box::new(LocalUnit {
         broker,
         subscriber,
         config,
     }))
+}
+
+/// A subscriber whose configuration was changed before it was added (see
+/// [`Configure::configure`]).
+pub struct Configured<S, K> {
+    subscriber: S,
+    config: SubscriberConfig,
+    _kind: std::marker::PhantomData<fn() -> K>,
+}
+
+/// Changes a subscriber's configuration where it is added: settings that
+/// come from the environment or a file, with the same handler.
+///
+/// ```
+/// use ruststream::prelude::*;
+///
+/// #[subscriber("orders", workers(2))]
+/// async fn confirm(_order: Bytes) {}
+///
+/// let workers: usize = std::env::var("ORDER_WORKERS")
+///     .ok()
+///     .and_then(|n| n.parse().ok())
+///     .unwrap_or(8);
+/// let app = App::new()
+///     .broker(MemoryBroker::new())
+///     .subscriber(confirm.configure(|c| c.workers(workers).max_attempts(5)));
+/// # drop(app);
+/// ```
+pub trait Configure<M>: Sized {
+    /// The subscriber it stands for.
+    #[doc(hidden)]
+    type Subscriber;
+    /// How it runs (`Send` futures, or dedicated threads only).
+    #[doc(hidden)]
+    type Kind;
+
+    /// This subscriber with `change` applied to its configuration.
+    fn configure(
+        self,
+        change: impl FnOnce(SubscriberConfig) -> SubscriberConfig,
+    ) -> Configured<Self::Subscriber, Self::Kind>;
+}
+
+impl<S: SendSubscriber> Configure<Direct> for S {
+    type Subscriber = S;
+    type Kind = crate::__private::Pooled;
+
+    fn configure(
+        self,
+        change: impl FnOnce(SubscriberConfig) -> SubscriberConfig,
+    ) -> Configured<S, Self::Kind> {
+        let config = change(self.config());
+        Configured {
+            subscriber: self,
+            config,
+            _kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<S: SendSubscriber> IntoSubscriber<Configured<(), crate::__private::Pooled>>
+    for Configured<S, crate::__private::Pooled>
+{
+    fn into_unit<B: Broker>(self, broker: B) -> BoundSubscriber {
+        send_unit_with(broker, self.subscriber, self.config)
+    }
+}
+
+impl<S: Subscriber> IntoSubscriber<Configured<(), crate::__private::Local>>
+    for Configured<S, crate::__private::Local>
+{
+    fn into_unit<B: Broker>(self, broker: B) -> BoundSubscriber {
+        local_unit_with(broker, self.subscriber, self.config)
+    }
 }
 
 macro_rules! handler_fn {
@@ -218,6 +318,44 @@ macro_rules! handler_fn {
         {
             fn into_unit<B: Broker>(self, broker: B) -> BoundSubscriber {
                 send_unit(broker, S::default())
+            }
+        }
+
+        impl<F, S, Fut, $($arg),+> Configure<(Direct, fn($($arg),+))> for F
+        where
+            F: Fn($($arg),+) -> crate::__private::Handler<S, Fut, crate::__private::Pooled>,
+            S: SendSubscriber + Default,
+        {
+            type Subscriber = S;
+            type Kind = crate::__private::Pooled;
+
+            fn configure(
+                self,
+                change: impl FnOnce(SubscriberConfig) -> SubscriberConfig,
+            ) -> Configured<S, Self::Kind> {
+                S::default().configure(change)
+            }
+        }
+
+        impl<F, S, Fut, $($arg),+> Configure<(Local, fn($($arg),+))> for F
+        where
+            F: Fn($($arg),+) -> crate::__private::Handler<S, Fut, crate::__private::Local>,
+            S: Subscriber + Default,
+        {
+            type Subscriber = S;
+            type Kind = crate::__private::Local;
+
+            fn configure(
+                self,
+                change: impl FnOnce(SubscriberConfig) -> SubscriberConfig,
+            ) -> Configured<S, Self::Kind> {
+                let subscriber = S::default();
+                let config = change(subscriber.config());
+                Configured {
+                    subscriber,
+                    config,
+                    _kind: std::marker::PhantomData,
+                }
             }
         }
 

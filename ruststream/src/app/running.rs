@@ -101,6 +101,9 @@ impl RunningApp {
         };
         for unit in units {
             let subject = unit.config().subject().to_string();
+            let (handler, _) = unit.requires();
+            let broker = unit.broker_name();
+            let mode = unit.config().mode();
             let cx = StartContext {
                 layers: Arc::clone(&layers),
                 stop: stop.clone(),
@@ -108,7 +111,12 @@ impl RunningApp {
                 app: app.clone(),
             };
             match unit.start(cx).await {
-                Ok(handle) => running.loops.push(handle),
+                Ok(handle) => {
+                    // Which broker serves which subject, spelled out: a
+                    // subscriber added after the wrong `.broker(..)` shows here.
+                    tracing::info!(subject, broker, handler, ?mode, "subscriber started");
+                    running.loops.push(handle);
+                }
                 Err(err) => {
                     tracing::error!(subject, error = %err, "subscribe failed; stopping");
                     // Stop what already started, then report the first error.

@@ -6,7 +6,7 @@ async fn literal_key(_job: String) {}
 #[subscriber("jobs", workers(2, ordered))]
 async fn unknown_option(_job: String) {}
 
-#[subscriber("jobs", workers(two))]
-async fn count_not_literal(_job: String) {}
+#[subscriber("jobs", workers("two"))]
+async fn count_not_a_number(_job: String) {}
 
 fn main() {}
