@@ -293,6 +293,7 @@ impl<S: SendSubscriber> Configure<Direct> for S {
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<S: SendSubscriber> IntoSubscriber<Configured<(), crate::__private::Pooled>>
     for Configured<S, crate::__private::Pooled>
 {
@@ -301,6 +302,7 @@ impl<S: SendSubscriber> IntoSubscriber<Configured<(), crate::__private::Pooled>>
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<S: Subscriber> IntoSubscriber<Configured<(), crate::__private::Local>>
     for Configured<S, crate::__private::Local>
 {
