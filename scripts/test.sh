@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Incremental artifacts only help edit-compile loops; here they only fill the disk.
+export CARGO_INCREMENTAL=0
+
 step() { printf '\n== %s\n' "$*"; }
 
 step "build tools for librdkafka (scripts/services.sh)"
@@ -54,7 +57,7 @@ step "loom models of the concurrent hand-offs (scripts/loom.sh)"
 scripts/loom.sh
 
 step "every example runs and exits 0 on its own"
-for example in quickstart execution_modes lifecycle nats_orders redis_orders rabbitmq_orders kafka_orders; do
+for example in quickstart execution_modes lifecycle middleware nats_orders redis_orders rabbitmq_orders kafka_orders; do
   echo "-- $example"
   timeout 120 cargo run --quiet --example "$example"
 done

@@ -126,9 +126,9 @@ impl<R: CtxRuntime> Ctx<R> {
         value: &T,
     ) -> Result<(), Error> {
         let payload = Json::encode(value).map_err(Error::Encode)?;
-        self.broker
-            .publish_boxed(subject, Message::new(payload), None)
-            .await
+        let mut message = Message::new(payload);
+        self.outgoing().apply(subject, &mut message);
+        self.broker.publish_boxed(subject, message, None).await
     }
 
     /// Sends `value`, JSON-encoded, as a request on the broker that
@@ -146,12 +146,18 @@ impl<R: CtxRuntime> Ctx<R> {
         R2: DeserializeOwned,
     {
         let payload = Json::encode(value).map_err(Error::Encode)?;
+        let mut message = Message::new(payload);
+        self.outgoing().apply(subject, &mut message);
         let reply = self
             .broker
-            .request_boxed(subject, Message::new(payload), timeout)
+            .request_boxed(subject, message, timeout)
             .await
             .and_then(crate::binding::reply_result)?;
         Json::decode(reply.payload()).map_err(Error::Decode)
+    }
+
+    fn outgoing(&self) -> &crate::outgoing::Outgoing {
+        self.follow_ups.app.outgoing()
     }
 
     /// Runs `continuation` after this delivery is acked, as a task the app

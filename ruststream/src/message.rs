@@ -261,6 +261,11 @@ impl Envelope {
         }
     }
 
+    /// The headers, to change before the handler reads them (middleware).
+    pub(crate) fn headers_mut(&mut self) -> &mut Headers {
+        self.message.headers_mut()
+    }
+
     /// The same envelope with another attempt number.
     pub fn with_attempt(mut self, attempt: u32) -> Self {
         self.attempt = attempt;

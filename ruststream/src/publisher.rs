@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::binding::{Broker, Requester};
+use crate::outgoing::Outgoing;
 use crate::{Codec, Envelope, Error, Json, Message, Result};
 
 /// A typed publisher on broker `B` with codec `C` (JSON by default).
@@ -50,6 +51,8 @@ use crate::{Codec, Envelope, Error, Json, Message, Result};
 pub struct Publisher<B, C = Json> {
     broker: B,
     timeout: Option<Duration>,
+    /// The app's publish hooks, for a publisher the app handed out.
+    outgoing: Outgoing,
     codec: PhantomData<fn() -> C>,
 }
 
@@ -58,6 +61,7 @@ impl<B: Clone, C> Clone for Publisher<B, C> {
         Publisher {
             broker: self.broker.clone(),
             timeout: self.timeout,
+            outgoing: self.outgoing.clone(),
             codec: PhantomData,
         }
     }
@@ -78,8 +82,15 @@ impl<B: Broker> Publisher<B> {
         Publisher {
             broker,
             timeout: None,
+            outgoing: Outgoing::default(),
             codec: PhantomData,
         }
+    }
+
+    /// The same publisher, running the app's publish hooks on every send.
+    pub(crate) fn with_outgoing(mut self, outgoing: Outgoing) -> Self {
+        self.outgoing = outgoing;
+        self
     }
 }
 
@@ -89,6 +100,7 @@ impl<B: Broker, C: Codec> Publisher<B, C> {
         Publisher {
             broker: self.broker,
             timeout: self.timeout,
+            outgoing: self.outgoing,
             codec: PhantomData,
         }
     }
@@ -120,8 +132,9 @@ impl<B: Broker, C: Codec> Publisher<B, C> {
 
     /// Publishes a prepared message, waiting for queue space at most this
     /// publisher's timeout.
-    pub async fn send(&self, subject: &str, message: Message) -> Result<()> {
+    pub async fn send(&self, subject: &str, mut message: Message) -> Result<()> {
         let deadline = self.timeout.map(|t| Instant::now() + t);
+        self.outgoing.apply(subject, &mut message);
         self.broker
             .publish_message(subject, message, deadline)
             .await
@@ -132,9 +145,10 @@ impl<B: Broker, C: Codec> Publisher<B, C> {
     pub async fn send_until(
         &self,
         subject: &str,
-        message: Message,
+        mut message: Message,
         deadline: Instant,
     ) -> Result<()> {
+        self.outgoing.apply(subject, &mut message);
         self.broker
             .publish_message(subject, message, Some(deadline))
             .await
@@ -181,9 +195,10 @@ impl<B: Requester, C: Codec> Publisher<B, C> {
     pub async fn request_message(
         &self,
         subject: &str,
-        message: Message,
+        mut message: Message,
         timeout: Duration,
     ) -> Result<Envelope> {
+        self.outgoing.apply(subject, &mut message);
         self.broker.request_message(subject, message, timeout).await
     }
 }

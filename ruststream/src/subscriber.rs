@@ -13,10 +13,12 @@ use std::sync::{Arc, OnceLock};
 use crate::binding::erased::ErasedBroker;
 use crate::ctx::CtxRuntime;
 use crate::host::AppHandle;
+use crate::middleware::{Middleware, SharedMiddleware};
 use crate::tasks::FollowUps;
-use crate::{BoxError, Codec, Ctx, Envelope, HandlerError, Text};
+use crate::{BoxError, Codec, Ctx, Envelope, Text};
 
 pub use crate::key::key_hash;
+pub use crate::outcome::Outcome;
 
 /// How one subscriber consumes: subject, queue group, dead-letter subject and
 /// retry budget. Every `#[subscriber(...)]` argument has a method here, so apps
@@ -43,6 +45,7 @@ pub struct SubscriberConfig {
     pub(crate) fail_fast: bool,
     pub(crate) receive_flow: Option<bool>,
     pub(crate) max_message_size: usize,
+    pub(crate) middleware: Vec<SharedMiddleware>,
 }
 
 /// How a subscriber's deliveries are scheduled.
@@ -95,6 +98,7 @@ impl SubscriberConfig {
             fail_fast: false,
             receive_flow: None,
             max_message_size: Self::DEFAULT_MAX_MESSAGE_SIZE,
+            middleware: Vec::new(),
         }
     }
 
@@ -195,6 +199,16 @@ impl SubscriberConfig {
         self
     }
 
+    /// Wraps this subscriber's handler in a [`tower::Layer`] (see
+    /// [`middleware`](crate::middleware)): the first added runs outermost,
+    /// inside the app's own ([`App::middleware`](crate::App::middleware)).
+    /// A `#[subscriber(.., threads(n))]`, whose handler future may be
+    /// `!Send`, takes none: the app refuses to start.
+    pub fn middleware(mut self, layer: impl Middleware) -> Self {
+        self.middleware.push(SharedMiddleware(Arc::new(layer)));
+        self
+    }
+
     /// The subject.
     pub fn subject(&self) -> &Text {
         &self.subject
@@ -251,15 +265,6 @@ impl SubscriberConfig {
     }
 }
 
-/// What a handler produced.
-#[derive(Debug)]
-pub enum Outcome {
-    /// Success, with the encoded reply if the handler returned a value.
-    Ack(Option<Bytes>),
-    /// Failure; the error decides between redelivery and rejection.
-    Failed(HandlerError),
-}
-
 /// What a handler invocation may look at: the delivery, the app, and the
 /// broker that delivered it. Extractors
 /// ([`FromDelivery`](crate::extract::FromDelivery)) read from it.
@@ -283,6 +288,21 @@ impl<'a> Scope<'a> {
             app,
             broker,
             follow_ups: OnceLock::new(),
+        }
+    }
+
+    /// A scope whose follow-ups are made already (the middleware path).
+    pub(crate) fn with_follow_ups(
+        envelope: &'a Envelope,
+        app: &'a AppHandle,
+        broker: &'a dyn ErasedBroker,
+        follow_ups: Arc<FollowUps>,
+    ) -> Self {
+        Scope {
+            envelope,
+            app,
+            broker,
+            follow_ups: OnceLock::from(follow_ups),
         }
     }
 

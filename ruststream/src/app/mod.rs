@@ -22,6 +22,8 @@ use crate::binding::Broker;
 use crate::binding::erased::ErasedBroker;
 use crate::host::{AfterAck, AppHandle, StateMap};
 use crate::ingress::JobQueueSettings;
+use crate::middleware::{Middleware, SharedMiddleware};
+use crate::outgoing::{OnPublish, Outgoing};
 use crate::{BoxError, Error, Result};
 
 /// Type of an [`App`] before its first broker is registered.
@@ -60,6 +62,8 @@ pub struct App<B = NoBroker> {
     brokers: Vec<Arc<dyn ErasedBroker>>,
     units: Vec<Box<dyn StartUnit>>,
     layers: Vec<Arc<dyn AcceptLayer>>,
+    middleware: Vec<SharedMiddleware>,
+    on_publish: Vec<Arc<dyn OnPublish>>,
     hooks: Hooks,
     state: StateMap,
     after_ack: Option<AfterAck>,
@@ -77,6 +81,8 @@ impl App<NoBroker> {
             brokers: Vec::new(),
             units: Vec::new(),
             layers: Vec::new(),
+            middleware: Vec::new(),
+            on_publish: Vec::new(),
             hooks: Hooks::default(),
             state: StateMap::new(),
             after_ack: None,
@@ -104,6 +110,8 @@ impl<B> App<B> {
             brokers,
             units: self.units,
             layers: self.layers,
+            middleware: self.middleware,
+            on_publish: self.on_publish,
             hooks: self.hooks,
             state: self.state,
             after_ack: self.after_ack,
@@ -236,6 +244,55 @@ impl<B> App<B> {
         self.layers.push(Arc::new(layer));
         self
     }
+
+    /// Wraps every subscriber's handler in a [`tower::Layer`] — a timeout,
+    /// a concurrency limit, one's own — after decode, around the handler
+    /// (see [`middleware`](crate::middleware)). The first added runs
+    /// outermost, around each subscriber's own
+    /// ([`SubscriberConfig::middleware`](crate::subscriber::SubscriberConfig::middleware)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ruststream::prelude::*;
+    /// use tower::timeout::TimeoutLayer;
+    ///
+    /// #[subscriber("reports")]
+    /// async fn report(_job: Bytes) {}
+    ///
+    /// let app = App::new()
+    ///     .broker(MemoryBroker::new())
+    ///     .middleware(TimeoutLayer::new(Duration::from_secs(30)))
+    ///     .subscriber(report);
+    /// # drop(app);
+    /// ```
+    pub fn middleware(mut self, layer: impl Middleware) -> Self {
+        self.middleware.push(SharedMiddleware(Arc::new(layer)));
+        self
+    }
+
+    /// Publish-side middleware: `hook` sees every message the app sends —
+    /// what handlers publish and request through their [`Ctx`](crate::Ctx),
+    /// the replies they return, and sends through the app's publishers
+    /// ([`RunningApp::publisher`], [`Ctx::publisher`](crate::Ctx::publisher))
+    /// — just before the broker, with the subject it goes to. Hooks run in
+    /// the order added. A [`Publisher::new`](crate::Publisher::new) made
+    /// outside the app, and the copies brokers make themselves (dead
+    /// letters, redeliveries), do not pass through them.
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// let app = App::new()
+    ///     .broker(MemoryBroker::new())
+    ///     .on_publish(|_subject: &str, message: &mut Message| {
+    ///         message.headers_mut().insert("app", "billing");
+    ///     });
+    /// # drop(app);
+    /// ```
+    pub fn on_publish(mut self, hook: impl OnPublish) -> Self {
+        self.on_publish.push(Arc::new(hook));
+        self
+    }
 }
 
 impl<B: Broker> App<B> {
@@ -297,11 +354,18 @@ impl<B: Broker> App<B> {
         if let Some(mistake) = self.mistakes.into_iter().next() {
             return Err(mistake);
         }
-        let app = AppHandle::new(self.state, self.after_ack, &self.jobs, self.brokers.clone())?;
+        let app = AppHandle::new(
+            self.state,
+            self.after_ack,
+            &self.jobs,
+            self.brokers.clone(),
+            Outgoing::new(self.on_publish),
+        )?;
         RunningApp::start(Parts {
             brokers: self.brokers,
             units: self.units,
             layers: self.layers.into(),
+            middleware: self.middleware.into(),
             hooks: self.hooks,
             app,
             shutdown_timeout: self.shutdown_timeout,

@@ -15,12 +15,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::host::{AppHandle, Stop};
 use crate::ingress::SourceRegistration;
-use crate::pipeline::Unit;
+use crate::middleware::{HandlerService, SharedMiddleware};
+use crate::pipeline::{Unit, stack};
 use crate::subscriber::{Mode, SendSubscriber, StateKey, Subscriber, SubscriberConfig};
 
 /// What a starting unit gets from the app.
 pub(crate) struct StartContext {
     pub(crate) layers: Arc<[Arc<dyn AcceptLayer>]>,
+    /// The app's middleware, outermost first: around every subscriber's own.
+    pub(crate) middleware: Arc<[SharedMiddleware]>,
     pub(crate) stop: Stop,
     /// Set when the shutdown timeout expires: handlers in hand are dropped.
     pub(crate) abort: CancellationToken,
@@ -46,7 +49,8 @@ pub struct BoundSubscriber(pub(crate) Box<dyn StartUnit>);
 /// builds the shared [`Unit`].
 async fn open<B: Broker, S: Subscriber>(
     broker: B,
-    subscriber: S,
+    subscriber: Arc<S>,
+    service: Option<HandlerService>,
     config: SubscriberConfig,
     cx: StartContext,
 ) -> Result<Opened<B, S>> {
@@ -59,6 +63,7 @@ async fn open<B: Broker, S: Subscriber>(
         broker,
         subscriber,
         config,
+        service,
         layers: cx.layers,
         app: cx.app,
         abort: cx.abort,
@@ -114,12 +119,18 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
             let mode = self.config.mode;
+            let subscriber = Arc::new(self.subscriber);
+            let middleware: Vec<SharedMiddleware> = (cx.middleware.iter())
+                .chain(&self.config.middleware)
+                .cloned()
+                .collect();
+            let service = stack::stack(&subscriber, &middleware);
             let Opened {
                 unit,
                 subscription: sub,
                 stop,
                 registration: reg,
-            } = open(self.broker, self.subscriber, self.config, cx).await?;
+            } = open(self.broker, subscriber, service, self.config, cx).await?;
             Ok(match mode {
                 Mode::Sequential => spawn_loop(reg, exec::sequential::run(unit, sub, stop)),
                 Mode::Workers { n, by_key: false } => {
@@ -165,7 +176,21 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
                     self.config.subject
                 )));
             };
-            let opened = open(self.broker, self.subscriber, self.config, cx).await?;
+            if !self.config.middleware.is_empty() {
+                return Err(crate::Error::Config(format!(
+                    "subscriber `{}` runs on `threads(n)`, whose handlers take no middleware \
+                     (their futures may be `!Send`): use `workers(n)` or remove `.middleware(..)`",
+                    self.config.subject
+                )));
+            }
+            if !cx.middleware.is_empty() {
+                tracing::warn!(
+                    subject = %self.config.subject,
+                    "the app's middleware does not wrap `threads(n)` subscribers (their handler futures may be `!Send`)"
+                );
+            }
+            let subscriber = Arc::new(self.subscriber);
+            let opened = open(self.broker, subscriber, None, self.config, cx).await?;
             Ok(spawn_loop(
                 opened.registration,
                 exec::threads::run(

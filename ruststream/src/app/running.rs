@@ -15,6 +15,7 @@ use super::register::{StartContext, StartUnit};
 use crate::accept::AcceptLayer;
 use crate::binding::erased::ErasedBroker;
 use crate::host::Stop;
+use crate::middleware::SharedMiddleware;
 use crate::subscriber::{StateKey, SubscriberConfig};
 use crate::{Error, Result, metrics};
 
@@ -67,6 +68,7 @@ pub(crate) struct Parts {
     pub(crate) brokers: Vec<Arc<dyn ErasedBroker>>,
     pub(crate) units: Vec<Box<dyn StartUnit>>,
     pub(crate) layers: Arc<[Arc<dyn AcceptLayer>]>,
+    pub(crate) middleware: Arc<[SharedMiddleware]>,
     pub(crate) hooks: Hooks,
     pub(crate) app: AppHandle,
     pub(crate) shutdown_timeout: Option<Duration>,
@@ -78,6 +80,7 @@ impl RunningApp {
             brokers,
             units,
             layers,
+            middleware,
             hooks,
             app,
             shutdown_timeout,
@@ -106,6 +109,7 @@ impl RunningApp {
             let mode = unit.config().mode();
             let cx = StartContext {
                 layers: Arc::clone(&layers),
+                middleware: Arc::clone(&middleware),
                 stop: stop.clone(),
                 abort: abort.clone(),
                 app: app.clone(),

@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::binding::Broker;
 use crate::binding::erased::ErasedBroker;
 use crate::ingress::{JobQueue, JobQueueSettings, Pressure};
+use crate::outgoing::Outgoing;
 use crate::{Envelope, Publisher};
 
 /// The app's after-ack hook.
@@ -44,6 +45,8 @@ struct Inner {
     shutdown: CancellationToken,
     /// Every registered broker, for typed publisher lookups.
     brokers: Vec<Arc<dyn ErasedBroker>>,
+    /// Hooks on every message the app sends.
+    outgoing: Outgoing,
 }
 
 impl std::fmt::Debug for AppHandle {
@@ -62,6 +65,7 @@ impl AppHandle {
         after_ack: Option<AfterAck>,
         jobs: &JobQueueSettings,
         brokers: Vec<Arc<dyn ErasedBroker>>,
+        outgoing: Outgoing,
     ) -> crate::Result<Self> {
         Ok(AppHandle {
             inner: Arc::new(Inner {
@@ -73,6 +77,7 @@ impl AppHandle {
                 flush_retries: CancellationToken::new(),
                 shutdown: CancellationToken::new(),
                 brokers,
+                outgoing,
             }),
         })
     }
@@ -100,7 +105,12 @@ impl AppHandle {
             .brokers
             .iter()
             .find_map(|b| b.as_any().downcast_ref::<B>())
-            .map(|b| Publisher::new(b.clone()))
+            .map(|b| Publisher::new(b.clone()).with_outgoing(self.outgoing().clone()))
+    }
+
+    /// The hooks every outgoing message goes through.
+    pub(crate) fn outgoing(&self) -> &Outgoing {
+        &self.inner.outgoing
     }
 
     /// Job-queue pressure: state, permits in use, pauses.

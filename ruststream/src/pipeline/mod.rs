@@ -21,17 +21,23 @@ use crate::host::AppHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::message::header;
+use crate::middleware::HandlerService;
 pub(crate) use crate::subscriber::Outcome;
 use crate::subscriber::{Subscriber, SubscriberConfig};
 use crate::tasks::{self, FollowUps};
 use crate::{BoxError, HandlerError, Message, Text, metrics};
 
+pub(crate) mod stack;
+
 /// Everything one subscriber's deliveries need, shared by its loop and its
 /// workers or threads.
 pub(crate) struct Unit<B, S> {
     pub(crate) broker: B,
-    pub(crate) subscriber: S,
+    pub(crate) subscriber: Arc<S>,
     pub(crate) config: SubscriberConfig,
+    /// The middleware stack around the handler; `None` without middleware,
+    /// and the handler is called directly.
+    pub(crate) service: Option<HandlerService>,
     pub(crate) layers: Arc<[Arc<dyn AcceptLayer>]>,
     pub(crate) app: AppHandle,
     /// Set when the shutdown timeout expires: a handler still running
@@ -76,44 +82,62 @@ macro_rules! invoke {
     ($unit:expr, $delivery:expr, $handler:ident($body:expr)) => {{
         let unit = $unit;
         let delivery = $delivery;
-        // Not started (so not registered anywhere, and not even built: the
-        // token's wait registers with a `Notify` when made) unless
-        // something waits.
-        let mut aborted = ::std::pin::pin!(async { unit.abort.cancelled().await });
-        let scope = $crate::subscriber::Scope::new(
-            $crate::Delivery::envelope(&delivery),
-            &unit.app,
-            &unit.broker,
-        );
-        let outcome = {
-            let handler = ::std::pin::pin!(unit.subscriber.$handler($body, &scope));
-            $crate::pipeline::or_abort($crate::pipeline::Caught(handler), aborted.as_mut()).await
-        };
-        match outcome {
-            Some(outcome) => match (outcome, scope.into_follow_ups()) {
-                // The common case, settled right here: a plain ack, nothing
-                // to reply, nothing to start after it.
-                ($crate::pipeline::Outcome::Ack(None), None) if !unit.app.has_after_ack() => {
-                    match $crate::Delivery::try_ack(delivery) {
-                        Ok(acked) => unit.settled(acked),
-                        Err(delivery) => {
-                            let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
-                            match $crate::pipeline::or_abort(ack, aborted).await {
-                                Some(acked) => unit.settled(acked),
-                                None => unit.aborted(),
+        match &unit.service {
+            // Out of line and boxed: without middleware, a loop's future
+            // and code stay what they are.
+            Some(service) => {
+                ::std::boxed::Box::pin(unit.through_stack(
+                    service,
+                    delivery,
+                    ::std::boxed::Box::new($body),
+                ))
+                .await
+            }
+            None => {
+                // Not started (so not registered anywhere, and not even
+                // built: the token's wait registers with a `Notify` when
+                // made) unless something waits.
+                let mut aborted = ::std::pin::pin!(async { unit.abort.cancelled().await });
+                let scope = $crate::subscriber::Scope::new(
+                    $crate::Delivery::envelope(&delivery),
+                    &unit.app,
+                    &unit.broker,
+                );
+                let outcome = {
+                    let handler = ::std::pin::pin!(unit.subscriber.$handler($body, &scope));
+                    $crate::pipeline::or_abort($crate::pipeline::Caught(handler), aborted.as_mut())
+                        .await
+                };
+                match outcome {
+                    Some(outcome) => match (outcome, scope.into_follow_ups()) {
+                        // The common case, settled right here: a plain ack,
+                        // nothing to reply, nothing to start after it.
+                        ($crate::pipeline::Outcome::Ack(None), None)
+                            if !unit.app.has_after_ack() =>
+                        {
+                            match $crate::Delivery::try_ack(delivery) {
+                                Ok(acked) => unit.settled(acked),
+                                Err(delivery) => {
+                                    let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
+                                    match $crate::pipeline::or_abort(ack, aborted).await {
+                                        Some(acked) => unit.settled(acked),
+                                        None => unit.aborted(),
+                                    }
+                                }
                             }
                         }
-                    }
+                        (outcome, follow_ups) => {
+                            let settle = ::std::pin::pin!(
+                                unit.settle_outcome(delivery, outcome, follow_ups)
+                            );
+                            if $crate::pipeline::or_abort(settle, aborted).await.is_none() {
+                                unit.aborted();
+                            }
+                        }
+                    },
+                    None => unit.aborted(),
                 }
-                (outcome, follow_ups) => {
-                    let settle =
-                        ::std::pin::pin!(unit.settle_outcome(delivery, outcome, follow_ups));
-                    if $crate::pipeline::or_abort(settle, aborted).await.is_none() {
-                        unit.aborted();
-                    }
-                }
-            },
-            None => unit.aborted(),
+            }
         }
     }};
 }
@@ -394,6 +418,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         if let Some(id) = env.correlation_id() {
             message = message.with_correlation_id(id.clone());
         }
+        self.app.outgoing().apply(reply_to, &mut message);
         if let Err(err) = self.broker.publish_message(reply_to, message, None).await {
             tracing::warn!(subject = %env.subject(), reply_to = %reply_to, error = %err, "reply not published");
         }

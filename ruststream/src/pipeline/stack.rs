@@ -1,0 +1,130 @@
+//! The middleware path of a delivery: the handler as the innermost
+//! [`tower::Service`], the subscriber's stack built once at start, and one
+//! call through it. Without middleware none of this runs.
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower::Service;
+use tower::util::BoxCloneSyncService;
+
+use super::{Caught, Unit, or_abort};
+use crate::binding::erased::ErasedBroker;
+use crate::binding::{Broker, Delivery};
+use crate::host::AppHandle;
+use crate::middleware::{HandlerService, Next, Request, SharedMiddleware};
+use crate::subscriber::{Outcome, Scope, SendSubscriber, Subscriber};
+use crate::tasks::FollowUps;
+use crate::{BoxError, Envelope};
+
+/// The handler as the innermost service. Its panics are caught here, so the
+/// layers around it see them as failures.
+struct Handler<S>(Arc<S>);
+
+impl<S> Clone for Handler<S> {
+    fn clone(&self) -> Self {
+        Handler(Arc::clone(&self.0))
+    }
+}
+
+impl<S: SendSubscriber> Service<Request> for Handler<S> {
+    type Response = Outcome;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Outcome, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let subscriber = Arc::clone(&self.0);
+        Box::pin(async move {
+            let Request {
+                envelope,
+                body,
+                app,
+                broker,
+                follow_ups,
+            } = request;
+            let Ok(body) = body.downcast::<S::Body>() else {
+                return Err("a middleware replaced the request's body with another type".into());
+            };
+            let scope = Scope::with_follow_ups(&envelope, &app, &*broker, follow_ups);
+            let handler = pin!(subscriber.handle_send(*body, &scope));
+            Ok(Caught(handler).await)
+        })
+    }
+}
+
+/// A subscriber's stack, outermost first in `layers`; `None` without layers
+/// (the handler is called directly).
+pub(crate) fn stack<S: SendSubscriber>(
+    subscriber: &Arc<S>,
+    layers: &[SharedMiddleware],
+) -> Option<HandlerService> {
+    if layers.is_empty() {
+        return None;
+    }
+    let handler = BoxCloneSyncService::new(Handler(Arc::clone(subscriber)));
+    Some(
+        layers
+            .iter()
+            .rev()
+            .fold(handler, |inner, layer| layer.0.wrap(inner)),
+    )
+}
+
+impl<B: Broker, S: Subscriber> Unit<B, S> {
+    /// `invoke!` with middleware: the delivery through the subscriber's
+    /// stack, then its settlement, unless the shutdown timeout aborts first
+    /// (the delivery is then dropped unsettled, never acked).
+    pub(crate) async fn through_stack<D: Delivery>(
+        &self,
+        service: &HandlerService,
+        delivery: D,
+        body: Box<dyn Any + Send>,
+    ) {
+        let mut aborted = pin!(self.abort.cancelled());
+        let called = {
+            let call = pin!(call(
+                service,
+                delivery.envelope(),
+                body,
+                &self.app,
+                &self.broker
+            ));
+            or_abort(call, aborted.as_mut()).await
+        };
+        let Some((outcome, follow_ups)) = called else {
+            return self.aborted();
+        };
+        let settle = pin!(self.settle_outcome(delivery, outcome, Some(follow_ups)));
+        if or_abort(settle, aborted).await.is_none() {
+            self.aborted();
+        }
+    }
+}
+
+/// Runs a delivery through its stack: the outcome, and the follow-ups the
+/// handler asked for. A layer's error (a timeout, a refusal) is a handler
+/// error: retried up to the attempts, never acked.
+async fn call(
+    service: &HandlerService,
+    envelope: &Envelope,
+    body: Box<dyn Any + Send>,
+    app: &AppHandle,
+    broker: &dyn ErasedBroker,
+) -> (Outcome, Arc<FollowUps>) {
+    let follow_ups = Arc::new(FollowUps::new(app.clone()));
+    let request = Request {
+        envelope: envelope.clone(),
+        body,
+        app: app.clone(),
+        broker: broker.clone_arc(),
+        follow_ups: Arc::clone(&follow_ups),
+    };
+    (Next::new(service.clone()).run(request).await, follow_ups)
+}
