@@ -127,6 +127,8 @@ mod book {
     mod publishing {}
     #[doc = include_str!("../../book/src/request-reply.md")]
     mod request_reply {}
+    #[doc = include_str!("../../book/src/middleware.md")]
+    mod middleware {}
     #[cfg(feature = "nats")]
     #[doc = include_str!("../../book/src/nats.md")]
     mod nats {}
