@@ -39,7 +39,7 @@
 mod accept;
 mod app;
 pub mod binding;
-mod codec;
+pub mod codec;
 mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -127,6 +127,9 @@ mod book {
     mod publishing {}
     #[doc = include_str!("../../book/src/request-reply.md")]
     mod request_reply {}
+    #[cfg(all(feature = "msgpack", feature = "protobuf"))]
+    #[doc = include_str!("../../book/src/codecs.md")]
+    mod codecs {}
     #[doc = include_str!("../../book/src/middleware.md")]
     mod middleware {}
     #[cfg(feature = "nats")]

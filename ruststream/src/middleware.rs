@@ -76,7 +76,7 @@ impl Request {
 
     /// The delivery's headers, to change before the handler reads them
     /// (its [`Header`](crate::extract::Header) and
-    /// [`Headers`](crate::Headers) arguments see the change).
+    /// [`Headers`] arguments see the change).
     pub fn headers_mut(&mut self) -> &mut Headers {
         self.envelope.headers_mut()
     }

@@ -463,6 +463,21 @@ pub trait Subscriber: Send + Sync + 'static {
     fn name(&self) -> &'static str {
         std::any::type_name::<Self>()
     }
+
+    /// The content type [`decode`](Self::decode) reads. A delivery whose
+    /// `content-type` header names another is malformed: it never reaches
+    /// the handler. `None` (the default) takes any. `#[subscriber]` answers
+    /// its codec's, or `None` for a raw body (`Bytes`, `String`, `Vec<u8>`).
+    fn content_type(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The content type of the replies [`handle`](Self::handle) encodes,
+    /// set on each reply's `content-type` header; `None` (the default) sets
+    /// none. `#[subscriber]` answers its codec's, or `None` for a raw reply.
+    fn reply_content_type(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// One shared state type, as [`Subscriber::required_state`] names it.

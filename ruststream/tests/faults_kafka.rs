@@ -21,9 +21,10 @@ use kafka_mock::MockKafka;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use ruststream::bytes::Bytes;
+use ruststream::codec::Decode;
 use ruststream::kafka::KafkaBroker;
 use ruststream::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
-use ruststream::{App, BoxError, Broker, Codec, Json, Message};
+use ruststream::{App, BoxError, Broker, Json, Message};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc::unbounded_channel;
 
