@@ -62,6 +62,8 @@ mod publisher;
 pub mod subscriber;
 mod sync;
 mod tasks;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod text;
 
 #[cfg(all(test, loom))]
@@ -130,6 +132,9 @@ mod book {
     #[cfg(all(feature = "msgpack", feature = "protobuf"))]
     #[doc = include_str!("../../book/src/codecs.md")]
     mod codecs {}
+    #[cfg(feature = "testing")]
+    #[doc = include_str!("../../book/src/testing.md")]
+    mod testing {}
     #[doc = include_str!("../../book/src/middleware.md")]
     mod middleware {}
     #[cfg(feature = "nats")]
