@@ -121,6 +121,41 @@ impl<B> App<B> {
         }
     }
 
+    /// The same app on `broker` alone: every subscriber rebound to it, every
+    /// registered broker replaced by it (`TestApp`). Also returns the dead
+    /// letter subjects of the subscribers, to watch.
+    #[cfg(feature = "testing")]
+    pub(crate) fn on_memory(
+        self,
+        broker: crate::MemoryBroker,
+    ) -> (App<crate::MemoryBroker>, Vec<crate::Text>) {
+        let dead_letters = self
+            .units
+            .iter()
+            .filter_map(|unit| unit.config().dead_letter.clone())
+            .collect();
+        let units = self
+            .units
+            .into_iter()
+            .map(|unit| unit.rebind(broker.clone()))
+            .collect();
+        let app = App {
+            current: broker.clone(),
+            brokers: vec![Arc::new(broker)],
+            units,
+            layers: self.layers,
+            middleware: self.middleware,
+            on_publish: self.on_publish,
+            hooks: self.hooks,
+            state: self.state,
+            after_ack: self.after_ack,
+            jobs: self.jobs,
+            shutdown_timeout: self.shutdown_timeout,
+            mistakes: self.mistakes,
+        };
+        (app, dead_letters)
+    }
+
     /// Sizes the application job queue: one permit per record taken
     /// from a broker and not yet started by its handler, shared by every
     /// subscription. Invalid settings are a startup error.

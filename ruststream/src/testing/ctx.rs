@@ -1,48 +1,14 @@
-//! Testing handlers (feature `testing`, for dev-dependencies): a [`Ctx`]
-//! for calling a handler directly in a unit test, which records what the
-//! handler published and what it scheduled.
-//!
-//! ```
-//! use std::time::Duration;
-//! use ruststream::prelude::*;
-//! use ruststream::testing::TestCtx;
-//!
-//! #[derive(Serialize, Deserialize)]
-//! struct Order { id: u64 }
-//!
-//! #[subscriber("orders")]
-//! async fn confirm(order: Order, ctx: Ctx) -> Result<(), HandlerError> {
-//!     if ctx.attempt() < 3 && order.id == 0 {
-//!         ctx.retry_after(Duration::from_secs(5));
-//!         return Ok(());
-//!     }
-//!     ctx.publish("orders.confirmed", &order.id).await?;
-//!     ctx.and_after(async { /* e-mail the customer */ });
-//!     Ok(())
-//! }
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let test = TestCtx::new("orders").attempt(1).build();
-//! confirm(Order { id: 7 }, test.ctx()).await.unwrap();
-//! assert_eq!(test.published_as::<u64>("orders.confirmed"), [7]);
-//! assert_eq!(test.and_after_count(), 1);
-//!
-//! let test = TestCtx::new("orders").build();
-//! confirm(Order { id: 0 }, test.ctx()).await.unwrap();
-//! assert_eq!(test.retry_requested(), Some(Duration::from_secs(5)));
-//! assert!(test.published().is_empty());
-//! # }
-//! ```
+//! [`TestCtx`]: a delivery context for calling a handler directly.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::record::Recorder;
 use crate::binding::erased::ErasedBroker;
 use crate::codec::Decode;
 use crate::host::AppHandle;
@@ -155,17 +121,6 @@ impl TestCtxBuilder {
     }
 }
 
-/// What a publish hook saw: every message the handler sent.
-#[derive(Default)]
-struct Recorder(Mutex<Vec<(String, Message)>>);
-
-impl OnPublish for Recorder {
-    fn on_publish(&self, subject: &str, message: &mut Message) {
-        let mut sent = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        sent.push((subject.to_owned(), message.clone()));
-    }
-}
-
 /// A delivery context for calling a handler directly, and what the handler
 /// did with it: the messages it published (through `ctx.publish`,
 /// `ctx.request` or a publisher from `ctx.publisher::<MemoryBroker>()`), the
@@ -215,11 +170,7 @@ impl TestCtx {
 
     /// Every message the handler sent, with its subject, in order.
     pub fn published(&self) -> Vec<(String, Message)> {
-        self.recorder
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.recorder.all()
     }
 
     /// The messages sent to `subject`, decoded as JSON (what `ctx.publish`
@@ -233,18 +184,7 @@ impl TestCtx {
     where
         Json: Decode<T>,
     {
-        let sent = self.published();
-        sent.iter()
-            .filter(|(s, _)| s == subject)
-            .map(|(_, message)| match Json::decode(message.payload()) {
-                Ok(value) => value,
-                Err(err) => panic!(
-                    "a message sent to `{subject}` is not a `{}`: {err}\nsent: {}",
-                    std::any::type_name::<T>(),
-                    Sent(&sent)
-                ),
-            })
-            .collect()
+        self.recorder.decoded(subject)
     }
 
     /// The delay of the `ctx.retry_after` the handler asked for.
@@ -272,24 +212,5 @@ impl fmt::Debug for TestCtx {
             .field("envelope", &self.envelope)
             .field("published", &self.published().len())
             .finish()
-    }
-}
-
-/// What was sent, one line per message, for failure output.
-struct Sent<'a>(&'a [(String, Message)]);
-
-impl fmt::Display for Sent<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_empty() {
-            return f.write_str("nothing");
-        }
-        for (subject, message) in self.0 {
-            write!(
-                f,
-                "\n  {subject}: {}",
-                String::from_utf8_lossy(message.payload())
-            )?;
-        }
-        Ok(())
     }
 }
