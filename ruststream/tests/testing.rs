@@ -182,6 +182,7 @@ mod app {
         let calls = test.calls("invoice");
         let attempts: Vec<u32> = calls.iter().map(|c| c.envelope.attempt()).collect();
         assert_eq!(attempts, [1, 2, 3], "{test:?}");
+        assert_eq!(calls[2].body::<i64>(), -5, "the last call's argument");
         assert!(calls.iter().all(|c| c.outcome.is_err()));
         let dead = test.dead_lettered("invoices");
         assert_eq!(dead.len(), 1);

@@ -29,6 +29,28 @@ pub struct Call {
     pub outcome: std::result::Result<Option<Bytes>, String>,
 }
 
+impl Call {
+    /// The body the handler was called with, decoded as JSON.
+    ///
+    /// # Panics
+    ///
+    /// When the payload is not a `T`, showing it.
+    #[track_caller]
+    pub fn body<T>(&self) -> T
+    where
+        Json: Decode<T>,
+    {
+        let payload = self.envelope.payload();
+        Json::decode(payload).unwrap_or_else(|err| {
+            panic!(
+                "the call's payload is not a `{}`: {err}\npayload: {}",
+                std::any::type_name::<T>(),
+                String::from_utf8_lossy(payload)
+            )
+        })
+    }
+}
+
 /// A message a subscriber gave up on, as its dead-letter subject got it.
 #[derive(Clone, Debug)]
 pub struct DeadLetter {
