@@ -214,6 +214,26 @@ impl SubscriberConfig {
         &self.subject
     }
 
+    /// The same settings on another subject: one read from the environment,
+    /// or a name of its own per test run.
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// #[subscriber("orders")]
+    /// async fn confirm(_order: Bytes) {}
+    ///
+    /// let subject = std::env::var("ORDERS_SUBJECT").unwrap_or_else(|_| "orders.eu".into());
+    /// let app = App::new()
+    ///     .broker(MemoryBroker::new())
+    ///     .subscriber(confirm.configure(|c| c.on_subject(subject)));
+    /// # drop(app);
+    /// ```
+    pub fn on_subject(mut self, subject: impl Into<Text>) -> Self {
+        self.subject = subject.into();
+        self
+    }
+
     /// The retry budget.
     pub fn retry_budget(&self) -> u32 {
         self.max_attempts
