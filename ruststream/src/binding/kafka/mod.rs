@@ -23,9 +23,13 @@
 //!   crash. `reject` copies the record to the dead-letter topic with the
 //!   reason, the original topic, partition and offset.
 //! * Records a crashed or departed member had handed out come back from
-//!   the committed offset; the commit metadata counts how often the record
-//!   at the committed offset was handed out, so a record that keeps
-//!   crashing its consumer reaches `max_attempts`.
+//!   the committed offset. Every commit's metadata records how far the
+//!   member may have handed records out (at most 512 past the record at
+//!   hand, moved ahead by a confirmed commit); after a crash the next
+//!   owner hands that stretch out one record at a time, each counted in a
+//!   confirmed commit before its handler starts, so a record that keeps
+//!   crashing its consumer reaches `max_attempts` and is dead-lettered
+//!   (see `commits.rs`).
 //! * Request/reply: each broker reads replies from a reply topic of its
 //!   own, matched by correlation id.
 //!
@@ -33,6 +37,7 @@
 //! auto-creation, else through the admin API).
 
 mod builder;
+mod commits;
 mod delivery;
 mod flow;
 mod group;
