@@ -157,11 +157,8 @@ impl HandOut {
         attempts_at_next: u32,
     ) -> (Gate, Option<Commit>) {
         self.waiting = false;
-        if let Some(at) = self.rewound {
-            if offset != at {
-                return (Gate::Rewind(at), None);
-            }
-            self.rewound = None;
+        if let Some(at) = self.stale(offset) {
+            return (Gate::Rewind(at), None);
         }
         if offset < self.suspect {
             return self.one_at_a_time(offset, attempt, quiet);
@@ -182,6 +179,18 @@ impl HandOut {
         let commit = self.extend(offset, next, attempts_at_next, true);
         self.waiting = true;
         (Gate::Wait, Some(commit))
+    }
+
+    /// After a rewind to `at`, a record other than the one at `at` was
+    /// read before the rewind took: `Some(at)`, rewind again. Checked
+    /// before anything else, so a stale record never looks like a gap.
+    pub(crate) fn stale(&mut self, offset: i64) -> Option<i64> {
+        let at = self.rewound?;
+        if offset != at {
+            return Some(at);
+        }
+        self.rewound = None;
+        None
     }
 
     /// A record of a dead member's stretch: out once the one before it

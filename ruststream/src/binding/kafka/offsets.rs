@@ -96,6 +96,9 @@ impl PartitionAcks {
         if window.sealed {
             return (Gate::Sealed, None);
         }
+        if let Some(at) = window.hand.stale(offset) {
+            return (Gate::Rewind(at), None);
+        }
         if window.open.is_empty() && window.next < offset {
             // A gap (compaction, transaction markers, a start before the
             // first record): nothing in it was handed out.
@@ -277,6 +280,23 @@ mod tests {
             assert_eq!(commit.offset, 7);
             assert_eq!(mark.attempts, crash + 1);
         }
+    }
+
+    #[test]
+    fn a_record_read_before_a_rewind_took_is_no_gap() {
+        // 1 needs the bound moved; the group refuses while it waits.
+        let acks = PartitionAcks::new(Some(1), Mark::default());
+        let (gate, commit) = acks.hand_out(1, 1);
+        assert_eq!(gate, Gate::Wait);
+        acks.answered(&commit.unwrap(), false);
+        assert_eq!(acks.hand_out(1, 1).0, Gate::Rewind(1));
+        assert_eq!(acks.hand_out(2, 1).0, Gate::Rewind(1), "2 is stale");
+        let (gate, commit) = acks.hand_out(1, 1);
+        assert_eq!(gate, Gate::Wait);
+        let commit = commit.unwrap();
+        assert_eq!(commit.offset, 1, "never past 1");
+        acks.answered(&commit, true);
+        assert_eq!(out(&acks, 1), 1);
     }
 
     #[test]
