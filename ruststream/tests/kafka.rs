@@ -163,7 +163,8 @@ async fn the_committed_offset_stops_at_the_first_unsettled_record() {
         d.ack().await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // (0 itself is committed as it is handed out, counting the handout.)
+    // (0 itself is committed before it is handed out, with the bound of
+    // what may be handed out.)
     let at = committed(&bootstrap, &group, &topic).unwrap_or(0);
     assert_eq!(at, 0, "committed past the unsettled 0");
     // 0 settled: commit 1, never past the unsettled 1.
