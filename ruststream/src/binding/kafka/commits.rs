@@ -5,8 +5,8 @@
 //! bound*: no record at or past it was handed out to a handler. A member
 //! hands a record out only below a bound some confirmed commit recorded,
 //! and moves the bound [`LEASE`] records past the record at hand with a
-//! commit of its own (started early, at half the lease, so a steady
-//! stream rarely waits for it).
+//! commit of its own (started early, a quarter into the lease, so a
+//! steady stream rarely waits for it).
 //!
 //! After a crash, the records between the committed offset and the bound
 //! may have been in handlers when the member died: the next owner hands
@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::error::KafkaError;
 
 use super::group;
 use super::offsets::{Commit, PartitionAcks};
@@ -35,6 +36,10 @@ use super::subscription::Shared;
 /// How far past the record at hand a commit moves the hand-out bound: at
 /// most this many records are handed out one at a time after a crash.
 pub(crate) const LEASE: i64 = 512;
+
+/// Records handed out under a bound after which the commit moving it on
+/// starts, so it is answered before the bound is reached.
+const EARLY: i64 = 16;
 
 const PREFIX: &str = "ruststream:";
 
@@ -165,7 +170,7 @@ impl HandOut {
         }
         if offset < self.confirmed {
             let early =
-                !self.in_flight && self.enqueuing == 0 && offset + LEASE / 2 >= self.confirmed;
+                !self.in_flight && self.enqueuing == 0 && offset + LEASE - EARLY >= self.confirmed;
             let commit = early.then(|| self.extend(offset, next, attempts_at_next, false));
             return (Gate::Open(attempt), commit);
         }
@@ -283,6 +288,8 @@ impl HandOut {
 
 /// Sends a commit a window asked for, waiting for the group's answer off
 /// the async threads; the window learns it and the subscription is woken.
+/// The task holds the consumer only weakly (it never keeps a consumer
+/// open past its subscription), and the broker's close waits for it.
 pub(crate) fn send(
     shared: &Arc<Shared>,
     topic: Arc<str>,
@@ -290,18 +297,22 @@ pub(crate) fn send(
     window: Arc<PartitionAcks>,
     commit: Commit,
 ) {
-    let shared = Arc::clone(shared);
-    tokio::spawn(async move {
-        let consumer = Arc::clone(&shared.consumer);
+    let consumer = Arc::downgrade(&shared.consumer);
+    let wake = Arc::clone(&shared.handout);
+    shared.broker.handouts().spawn(async move {
         let mut tpl = TopicPartitionList::new();
         group::add_commit(&mut tpl, &topic, partition, &commit);
-        let result = super::blocking(move || consumer.commit(&tpl, CommitMode::Sync)).await;
+        let result = super::blocking(move || match consumer.upgrade() {
+            Some(consumer) => consumer.commit(&tpl, CommitMode::Sync),
+            None => Err(KafkaError::Canceled),
+        })
+        .await;
         if let Err(err) = &result {
             tracing::debug!(topic = %topic, partition, error = %err, "Kafka: a hand-out commit was refused");
             crate::metrics::connection_event("kafka", "commit_failed");
         }
         window.answered(&commit, result.is_ok());
-        shared.handout.notify_one();
+        wake.notify_one();
     });
 }
 
@@ -343,12 +354,13 @@ mod tests {
         assert_eq!(hand.gate(0, 1, 0, true, 0), (Gate::Wait, None), "in flight");
         hand.answered(&commit, true);
         assert_eq!(hand.gate(0, 1, 0, true, 0), (Gate::Open(1), None));
-        // Half the lease on, the bound moves ahead without waiting.
-        let (gate, early) = hand.gate(LEASE / 2, 1, 10, false, 0);
+        // A quarter of the lease on, the bound moves ahead without waiting.
+        assert_eq!(hand.gate(EARLY - 1, 1, 10, false, 0), (Gate::Open(1), None));
+        let (gate, early) = hand.gate(EARLY, 1, 10, false, 0);
         assert_eq!(gate, Gate::Open(1));
         let early = early.expect("an early commit");
         assert_eq!(early.offset, 10);
-        assert_eq!(Mark::decode(&early.metadata).upto, LEASE / 2 + LEASE);
+        assert_eq!(Mark::decode(&early.metadata).upto, EARLY + LEASE);
     }
 
     #[test]

@@ -56,6 +56,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use self::builder::KafkaBrokerBuilder;
 pub use self::delivery::KafkaDelivery;
@@ -87,6 +88,9 @@ struct Inner {
     subscriptions: Mutex<Vec<Weak<subscription::Shared>>>,
     /// The reply inbox, started by the first request.
     inbox: tokio::sync::Mutex<Option<Arc<reply::Inbox>>>,
+    /// Hand-out commits waiting for the group's answer: close waits for
+    /// them, so none outlives the broker (or the cluster it talks to).
+    handouts: TaskTracker,
 }
 
 impl std::fmt::Debug for KafkaBroker {
@@ -118,6 +122,7 @@ impl KafkaBrokerBuilder {
                 closing: CancellationToken::new(),
                 subscriptions: Mutex::new(Vec::new()),
                 inbox: tokio::sync::Mutex::new(None),
+                handouts: TaskTracker::new(),
             }),
         };
         let probe = broker.clone();
@@ -192,6 +197,10 @@ impl KafkaBroker {
 
     pub(crate) fn producer(&self) -> &FutureProducer {
         &self.inner.producer
+    }
+
+    pub(crate) fn handouts(&self) -> &TaskTracker {
+        &self.inner.handouts
     }
 
     /// Produces `message` to `topic` with `extra` bookkeeping headers and
@@ -310,6 +319,17 @@ impl Broker for KafkaBroker {
             return Ok(());
         }
         self.inner.closing.cancel();
+        // Subscriptions stop asking for hand-out commits once `closing` is
+        // cancelled; the ones asked for already get their answer (bounded:
+        // a cluster that does not answer is left behind).
+        self.inner.handouts.close();
+        let answered = self.inner.settings.metadata_timeout;
+        if tokio::time::timeout(answered, self.inner.handouts.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("Kafka: hand-out commits still unanswered at close");
+        }
         let subs: Vec<_> = {
             let subs = self
                 .inner

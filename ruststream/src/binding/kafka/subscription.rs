@@ -83,7 +83,7 @@ pub(crate) struct Shared {
     settled: AtomicUsize,
     commit_due: Arc<Notify>,
     /// Wakes a subscription whose pending record waits on its window.
-    pub(crate) handout: Notify,
+    pub(crate) handout: Arc<Notify>,
 }
 
 impl Shared {
@@ -222,7 +222,7 @@ impl KafkaSubscription {
             again: again_tx,
             settled: AtomicUsize::new(0),
             commit_due: Arc::new(Notify::new()),
-            handout: Notify::new(),
+            handout: Arc::new(Notify::new()),
         });
         if shared.retry_topic.is_some() {
             tokio::spawn(commit_coalesced(
