@@ -39,7 +39,7 @@ pub(crate) const LEASE: i64 = 512;
 
 /// Records handed out under a bound after which the commit moving it on
 /// starts, so it is answered before the bound is reached.
-const EARLY: i64 = 16;
+const EARLY: i64 = LEASE / 4;
 
 const PREFIX: &str = "ruststream:";
 
