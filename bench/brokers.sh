@@ -8,9 +8,13 @@
 # reading preloaded records, framework vs a raw rdkafka StreamConsumer
 # committing each record (async), on librdkafka's mock cluster in the bench
 # process (or RUSTSTREAM_KAFKA_BOOTSTRAP).
+# BROKERS picks the brokers (default: all), e.g. `BROKERS=kafka
+# bench/brokers.sh` runs only the Kafka pair and needs no server.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --release -p ruststream-bench --features nats,redis,rabbitmq,kafka --manifest-path "$root/Cargo.toml" >&2
+brokers=${BROKERS:-nats redis rabbitmq kafka}
+features=$(echo $brokers | tr ' ' ',')
+cargo build --release -p ruststream-bench --features "$features" --manifest-path "$root/Cargo.toml" >&2
 bin=${CARGO_TARGET_DIR:-$root/target}/release/ruststream-bench
 n=${N:-100000}
 rounds=5
@@ -28,6 +32,7 @@ done
 printf '%-16s %12s %8s\n' scenario msgs/s vs-raw
 for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka"; do
   read -r fw raw <<<"$pair"
+  [[ -n "${rates[$fw]:-}" ]] || continue
   f=$(echo "${rates[$fw]}" | median)
   r=$(echo "${rates[$raw]}" | median)
   printf '%-16s %12.0f %8s\n' "$raw" "$r" "1.00"
