@@ -193,8 +193,10 @@ async fn failing_handler_is_redelivered_until_max_attempts_then_dead_lettered() 
     assert_eq!(counter(metrics::HANDLER_ERRORS, "subject", "flaky.jobs"), 3);
 }
 
+#[cfg(feature = "testing")]
 static REJECT_CALLS: AtomicU32 = AtomicU32::new(0);
 
+#[cfg(feature = "testing")]
 #[subscriber("reject.jobs", dead_letter = "reject.dlq", max_attempts = 5)]
 async fn rejects(_job: String) -> Result<(), HandlerError> {
     REJECT_CALLS.fetch_add(1, Ordering::SeqCst);
@@ -217,8 +219,10 @@ async fn explicit_reject_dead_letters_at_once() {
     assert_eq!(REJECT_CALLS.load(Ordering::SeqCst), 1);
 }
 
+#[cfg(feature = "testing")]
 static PANIC_SEEN: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
 
+#[cfg(feature = "testing")]
 #[subscriber("panicky.jobs", dead_letter = "panicky.dlq", max_attempts = 2)]
 async fn panics_on_boom(job: String, ctx: Ctx) -> String {
     PANIC_SEEN
