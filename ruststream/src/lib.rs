@@ -135,6 +135,9 @@ mod book {
     #[cfg(feature = "testing")]
     #[doc = include_str!("../../book/src/testing.md")]
     mod testing {}
+    #[cfg(feature = "prometheus")]
+    #[doc = include_str!("../../book/src/observability.md")]
+    mod observability {}
     #[doc = include_str!("../../book/src/middleware.md")]
     mod middleware {}
     #[cfg(feature = "nats")]
