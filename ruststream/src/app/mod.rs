@@ -107,12 +107,16 @@ impl Default for App<NoBroker> {
 impl<B> App<B> {
     /// Registers a broker. Subscribers added after this call consume from it.
     /// At shutdown brokers close in reverse registration order.
-    pub fn broker<N: Broker>(self, broker: N) -> App<N> {
-        let mut brokers = self.brokers;
-        brokers.push(Arc::new(broker.clone()));
+    pub fn broker<N: Broker>(mut self, broker: N) -> App<N> {
+        self.brokers.push(Arc::new(broker.clone()));
+        self.with_current(broker)
+    }
+
+    /// The same app, adding subscribers to `current` from now on.
+    fn with_current<N>(self, current: N) -> App<N> {
         App {
-            current: broker,
-            brokers,
+            current,
+            brokers: self.brokers,
             units: self.units,
             layers: self.layers,
             middleware: self.middleware,
@@ -132,7 +136,7 @@ impl<B> App<B> {
     /// letter subjects of the subscribers, to watch.
     #[cfg(feature = "testing")]
     pub(crate) fn on_memory(
-        self,
+        mut self,
         broker: crate::MemoryBroker,
     ) -> (App<crate::MemoryBroker>, Vec<crate::Text>) {
         let dead_letters = self
@@ -140,26 +144,13 @@ impl<B> App<B> {
             .iter()
             .filter_map(|unit| unit.config().dead_letter.clone())
             .collect();
-        let units = self
-            .units
+        let units = std::mem::take(&mut self.units)
             .into_iter()
             .map(|unit| unit.rebind(broker.clone()))
             .collect();
-        let app = App {
-            current: broker.clone(),
-            brokers: vec![Arc::new(broker)],
-            units,
-            layers: self.layers,
-            middleware: self.middleware,
-            on_publish: self.on_publish,
-            hooks: self.hooks,
-            state: self.state,
-            after_ack: self.after_ack,
-            jobs: self.jobs,
-            shutdown_timeout: self.shutdown_timeout,
-            mistakes: self.mistakes,
-            endpoints: self.endpoints,
-        };
+        self.units = units;
+        self.brokers = vec![Arc::new(broker.clone())];
+        let app = self.with_current(broker);
         (app, dead_letters)
     }
 
