@@ -658,12 +658,14 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
         ReturnType::Type(_, ty) if matches!(&**ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Result")));
     let reply_ty = reply_type(&function.sig.output, returns_result);
     let content_types = quote_spanned! {body_ty.span()=>
+        #[inline]
         fn content_type(&self) -> ::core::option::Option<&'static str> {
             #[allow(unused_imports)]
             use ::ruststream::__private::{CodecBody as _, RawBody as _};
             (&&::ruststream::__private::BodyKind::<#body_ty>::new()).content_type::<#codec>()
         }
 
+        #[inline]
         fn reply_content_type(&self) -> ::core::option::Option<&'static str> {
             #[allow(unused_imports)]
             use ::ruststream::__private::{CodecReply as _, RawReply as _};

@@ -324,13 +324,18 @@ impl Envelope {
     /// `ruststream-retries` header): one per retry, more where a copy was
     /// also redelivered before it asked for the retry, so attempts never go
     /// down across retries.
-    #[inline]
+    #[inline(always)]
     pub fn retries(&self) -> u32 {
         // Checked on every delivery: a message without metadata, the
         // common case, answers without a header lookup.
         if self.message.meta.is_none() {
             return 0;
         }
+        self.retries_header()
+    }
+
+    #[inline(never)]
+    fn retries_header(&self) -> u32 {
         self.headers()
             .get(header::RETRIES)
             .and_then(|n| n.parse().ok())
@@ -345,11 +350,16 @@ impl Envelope {
     }
 
     /// The remaining delay of a `retry_after` that a shutdown published early.
-    #[inline]
+    #[inline(always)]
     pub fn retry_delay(&self) -> Option<std::time::Duration> {
         // Checked on every delivery: a message without metadata, the
         // common case, answers without a header lookup.
         self.message.meta.as_ref()?;
+        self.retry_delay_header()
+    }
+
+    #[inline(never)]
+    fn retry_delay_header(&self) -> Option<std::time::Duration> {
         let ms: u64 = self.headers().get(header::RETRY_DELAY_MS)?.parse().ok()?;
         (ms > 0).then(|| std::time::Duration::from_millis(ms))
     }

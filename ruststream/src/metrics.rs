@@ -21,6 +21,11 @@
 //! | `ruststream_job_waiters` | gauge | | receive loops waiting for a job permit: the shared-cap wait |
 //! | `ruststream_pressure_paused_seconds` | gauge | | total time the job queue has spent PAUSED |
 //! | `ruststream_structural_rejects_total` | counter | `subject` | requests an owner FIFO refused at its count or byte limit (`Error::StructuralLimit`) |
+//! | `ruststream_handled_total` | counter | `subscriber`, `subject`, `outcome` | deliveries settled: `acked`, `retried`, `dead_lettered` (rejected), `malformed`, `refused` (a structural limit). `acked` reaches the recorder before each `/metrics` scrape, every second and at shutdown |
+//! | `ruststream_handler_duration_seconds` | histogram | `subscriber`, `subject` | handler run time (with [`record_handler_timings`] or `App::serve_metrics`) |
+//! | `ruststream_in_flight` | gauge | `subscriber`, `subject` | handlers running now (with [`record_handler_timings`] or `App::serve_metrics`) |
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::Text;
 
@@ -159,4 +164,166 @@ pub(crate) fn settle_error(subject: &Text) {
 
 pub(crate) fn deadline_exceeded(binding: &'static str) {
     metrics::counter!(DEADLINE_EXCEEDED, "binding" => binding).increment(1);
+}
+
+/// Deliveries settled, by `subscriber`, `subject` and `outcome`: `acked`,
+/// `retried`, `dead_lettered`, `malformed`, `refused`.
+pub const HANDLED: &str = "ruststream_handled_total";
+/// Handler run time in seconds, by `subscriber` and `subject` (with
+/// [`record_handler_timings`]).
+pub const HANDLER_DURATION: &str = "ruststream_handler_duration_seconds";
+/// Handlers running now, by `subscriber` and `subject` (with
+/// [`record_handler_timings`]).
+pub const IN_FLIGHT: &str = "ruststream_in_flight";
+
+static TIMINGS: AtomicBool = AtomicBool::new(false);
+
+/// Also records [`HANDLER_DURATION`] and [`IN_FLIGHT`] for subscribers
+/// started from now on (not `threads(n)` ones): two clock reads and two
+/// gauge updates per delivery, so it is off until asked for.
+/// `App::serve_metrics` turns it on; call this when you install a recorder
+/// of your own.
+///
+/// ```
+/// ruststream::metrics::record_handler_timings();
+/// ```
+pub fn record_handler_timings() {
+    TIMINGS.store(true, Ordering::Relaxed);
+}
+
+/// Whether subscribers starting now record timings.
+pub(crate) fn timings_on() -> bool {
+    TIMINGS.load(Ordering::Relaxed)
+}
+
+/// How one subscriber's deliveries ended, off the fast path.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Handled {
+    Retried,
+    DeadLettered,
+    Malformed,
+    Refused,
+}
+
+/// One subscriber's handles, registered when it starts. Acks — the path
+/// every delivery takes — are counted in an atomic and handed to the
+/// recorder by [`UnitMetrics::sync`] (before each `/metrics` scrape, every
+/// second, and at the end of the shutdown); the rarer outcomes go to the
+/// recorder at once.
+pub(crate) struct UnitMetrics {
+    acked_seen: AtomicU64,
+    /// What the recorder has been told: only moves up, so concurrent syncs
+    /// count each ack once.
+    acked_synced: AtomicU64,
+    acked: metrics::Counter,
+    others: [metrics::Counter; 4],
+    timings: Option<(metrics::Histogram, metrics::Gauge)>,
+}
+
+impl UnitMetrics {
+    pub(crate) fn new(subscriber: &'static str, subject: &Text) -> Self {
+        let subject = subject.to_string();
+        let outcome = |outcome: &'static str| metrics::counter!(HANDLED, "subscriber" => subscriber, "subject" => subject.clone(), "outcome" => outcome);
+        let timings = timings_on().then(|| {
+            (
+                metrics::histogram!(HANDLER_DURATION, "subscriber" => subscriber, "subject" => subject.clone()),
+                metrics::gauge!(IN_FLIGHT, "subscriber" => subscriber, "subject" => subject.clone()),
+            )
+        });
+        UnitMetrics {
+            acked_seen: AtomicU64::new(0),
+            acked_synced: AtomicU64::new(0),
+            acked: outcome("acked"),
+            others: [
+                outcome("retried"),
+                outcome("dead_lettered"),
+                outcome("malformed"),
+                outcome("refused"),
+            ],
+            timings,
+        }
+    }
+
+    /// A delivery acked.
+    #[inline]
+    pub(crate) fn acked(&self) {
+        self.acked_seen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A delivery that ended otherwise.
+    #[cold]
+    pub(crate) fn handled(&self, how: Handled) {
+        self.others[how as usize].increment(1);
+    }
+
+    /// Hands the acks counted since the last sync to the recorder, as an
+    /// increment (what every recorder understands).
+    fn sync(&self) {
+        let seen = self.acked_seen.load(Ordering::Relaxed);
+        let mut synced = self.acked_synced.load(Ordering::Relaxed);
+        while seen > synced {
+            match self.acked_synced.compare_exchange_weak(
+                synced,
+                seen,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return self.acked.increment(seen - synced),
+                Err(now) => synced = now,
+            }
+        }
+    }
+
+    /// A handler starts: the time, when timings are recorded.
+    #[inline]
+    pub(crate) fn started(&self) -> Option<std::time::Instant> {
+        let (_, in_flight) = self.timings.as_ref()?;
+        in_flight.increment(1.0);
+        Some(std::time::Instant::now())
+    }
+
+    /// The handler that [`started`](Self::started) at `at` ended.
+    #[inline]
+    pub(crate) fn finished(&self, at: Option<std::time::Instant>) {
+        if let Some(at) = at {
+            self.record(at);
+        }
+    }
+
+    #[cold]
+    fn record(&self, at: std::time::Instant) {
+        if let Some((duration, in_flight)) = &self.timings {
+            duration.record(at.elapsed().as_secs_f64());
+            in_flight.decrement(1.0);
+        }
+    }
+}
+
+/// A subscriber's loop ended: what it counted reaches the recorder.
+impl Drop for UnitMetrics {
+    fn drop(&mut self) {
+        self.sync();
+    }
+}
+
+/// Every subscriber's [`UnitMetrics`] of one app, to sync.
+#[derive(Default)]
+pub(crate) struct Registry(std::sync::Mutex<Vec<std::sync::Weak<UnitMetrics>>>);
+
+impl Registry {
+    pub(crate) fn add(&self, unit: &std::sync::Arc<UnitMetrics>) {
+        let mut units = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        units.push(std::sync::Arc::downgrade(unit));
+    }
+
+    pub(crate) fn sync(&self) {
+        let mut units = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        units.retain(|unit| match unit.upgrade() {
+            Some(unit) => {
+                unit.sync();
+                true
+            }
+            None => false,
+        });
+    }
 }

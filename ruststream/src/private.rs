@@ -112,6 +112,7 @@ pub trait RawBody<T> {
     fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>;
 
     /// The content type the body is decoded from: any.
+    #[inline]
     fn content_type<C>(&self) -> Option<&'static str> {
         None
     }
@@ -143,6 +144,7 @@ pub trait CodecBody<T> {
         T: MessageBody<C>;
 
     /// The content type the body is decoded from: the codec's.
+    #[inline]
     fn content_type<C: Codec>(&self) -> Option<&'static str> {
         Some(C::CONTENT_TYPE)
     }

@@ -38,6 +38,43 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 #[subscriber("endpoints.orders")]
 async fn order(_id: u64) {}
 
+/// The value of `metric` with `labels` in a scrape of `addr`, if there.
+async fn scrape(addr: SocketAddr, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let (status, body) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("the text format parses");
+    scrape
+        .samples
+        .into_iter()
+        .find(|s| {
+            s.metric == metric
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(k).is_some_and(|got| got.ends_with(v)))
+        })
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            other => panic!("{metric} is a {other:?}"),
+        })
+}
+
+/// Polls the scrape until `metric` reaches `want` (bounded; fails with the
+/// last value seen).
+async fn until_value(addr: SocketAddr, metric: &str, labels: &[(&str, &str)], want: f64) {
+    let mut last = None;
+    for _ in 0..200 {
+        last = scrape(addr, metric, labels).await;
+        if last == Some(want) {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{metric}{labels:?} never reached {want}: last {last:?}");
+}
+
 #[tokio::test]
 async fn metrics_are_served_in_the_prometheus_text_format() {
     let broker = MemoryBroker::new();
@@ -49,29 +86,42 @@ async fn metrics_are_served_in_the_prometheus_text_format() {
         .await
         .unwrap();
     let addr = running.metrics_addr().expect("served");
-    // Something to count: a payload that does not decode.
+    let client = Publisher::new(broker.clone());
+    for id in 0..3u64 {
+        client.publish("endpoints.orders", &id).await.unwrap();
+    }
+    // A payload that does not decode.
     broker
         .publish_message("endpoints.orders", Message::new("not json"), None)
         .await
         .unwrap();
-    let mut found = None;
-    for _ in 0..100 {
-        let (status, body) = get(addr, "/metrics").await;
-        assert_eq!(status, 200);
-        let lines = body.lines().map(|l| Ok(l.to_owned()));
-        let scrape = prometheus_parse::Scrape::parse(lines).expect("the text format parses");
-        found = scrape.samples.into_iter().find(|s| {
-            s.metric == "ruststream_malformed_total"
-                && s.labels.get("subject") == Some("endpoints.orders")
-        });
-        if found.is_some() {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    let sample =
-        found.expect("ruststream_malformed_total{subject=\"endpoints.orders\"} is exported");
-    assert!(matches!(sample.value, prometheus_parse::Value::Counter(v) if v >= 1.0));
+    let subject = ("subject", "endpoints.orders");
+    let subscriber = ("subscriber", "order");
+    until_value(
+        addr,
+        "ruststream_handled_total",
+        &[subject, subscriber, ("outcome", "acked")],
+        3.0,
+    )
+    .await;
+    until_value(
+        addr,
+        "ruststream_handled_total",
+        &[subject, subscriber, ("outcome", "malformed")],
+        1.0,
+    )
+    .await;
+    until_value(addr, "ruststream_malformed_total", &[subject], 1.0).await;
+    let (_, body) = get(addr, "/metrics").await;
+    assert!(
+        body.contains("ruststream_handler_duration_seconds"),
+        "handler timings are on with serve_metrics:\n{body}"
+    );
+    assert_eq!(
+        scrape(addr, "ruststream_in_flight", &[subject]).await,
+        Some(0.0),
+        "nothing runs now"
+    );
     assert_eq!(get(addr, "/health").await, (200, "ok\n".to_owned()));
     assert_eq!(get(addr, "/nowhere").await.0, 404);
     running.shutdown().await.unwrap();

@@ -65,6 +65,7 @@ impl Endpoints {
             .await
             .map_err(|err| Error::Config(format!("cannot serve metrics on {addr}: {err}")))?;
         recorder();
+        crate::metrics::record_handler_timings();
         if let Ok(local) = listener.local_addr() {
             tracing::info!(%local, "serving /metrics, /health and /ready");
         }
@@ -141,6 +142,7 @@ async fn answer(
     match path.split('?').next().unwrap_or("") {
         "/metrics" => match recorder() {
             Some(handle) => {
+                app.metrics().sync();
                 let body = handle.render();
                 respond(&mut stream, "200 OK", "text/plain; version=0.0.4", &body).await
             }

@@ -62,7 +62,13 @@ async fn open<B: Broker, S: Subscriber>(
     let registration = subscription
         .receive_flow()
         .map(|flow| cx.app.jobs().register(flow));
+    let metrics = Arc::new(crate::metrics::UnitMetrics::new(
+        subscriber.name(),
+        config.subject(),
+    ));
+    cx.app.metrics().add(&metrics);
     let unit = Unit {
+        metrics,
         broker,
         subscriber,
         config,
@@ -136,7 +142,8 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
                 .chain(&self.config.middleware)
                 .cloned()
                 .collect();
-            let service = stack::stack(&subscriber, &middleware);
+            // Timed handlers take the stack path, which reads the clock.
+            let service = stack::stack(&subscriber, &middleware, crate::metrics::timings_on());
             let Opened {
                 unit,
                 subscription: sub,

@@ -49,6 +49,9 @@ pub struct RunningApp {
     after_shutdown: Mutex<Vec<hooks::Hook>>,
     shutdown_timeout: Option<Duration>,
     served: Served,
+    /// Hands the subscribers' ack counts to the metrics recorder every
+    /// second.
+    metrics_sync: tokio::task::JoinHandle<()>,
 }
 
 /// The app's HTTP endpoints while it runs (nothing without the
@@ -161,6 +164,7 @@ impl RunningApp {
             after_shutdown: Mutex::new(hooks.after_shutdown),
             shutdown_timeout,
             served,
+            metrics_sync: tokio::spawn(sync_metrics(app.clone())),
         };
         for unit in units {
             let subject = unit.config().subject().to_string();
@@ -328,9 +332,21 @@ impl RunningApp {
             first_error.get_or_insert(err);
         }
         timer.abort();
+        self.metrics_sync.abort();
+        self.app.metrics().sync();
         self.served.stop();
         tracing::info!("app stopped");
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Every second: the acks counted since, to the metrics recorder.
+async fn sync_metrics(app: AppHandle) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        app.metrics().sync();
     }
 }
 

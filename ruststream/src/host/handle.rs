@@ -47,6 +47,8 @@ struct Inner {
     brokers: Vec<Arc<dyn ErasedBroker>>,
     /// Hooks on every message the app sends.
     outgoing: Outgoing,
+    /// Every subscriber's metric handles, to sync.
+    metrics: crate::metrics::Registry,
 }
 
 impl std::fmt::Debug for AppHandle {
@@ -78,6 +80,7 @@ impl AppHandle {
                 shutdown: CancellationToken::new(),
                 brokers,
                 outgoing,
+                metrics: crate::metrics::Registry::default(),
             }),
         })
     }
@@ -144,6 +147,11 @@ impl AppHandle {
         F::Output: Send + 'static,
     {
         self.inner.tracker.spawn_on(future, &self.inner.runtime)
+    }
+
+    /// Every subscriber's metric handles.
+    pub(crate) fn metrics(&self) -> &crate::metrics::Registry {
+        &self.inner.metrics
     }
 
     pub(crate) fn has_after_ack(&self) -> bool {

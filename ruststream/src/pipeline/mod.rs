@@ -21,6 +21,7 @@ use crate::host::AppHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::message::header;
+use crate::metrics::Handled;
 use crate::middleware::HandlerService;
 pub(crate) use crate::subscriber::Outcome;
 use crate::subscriber::{Subscriber, SubscriberConfig};
@@ -43,6 +44,9 @@ pub(crate) struct Unit<B, S> {
     /// Set when the shutdown timeout expires: a handler still running
     /// is dropped with its delivery unsettled, so the broker redelivers it.
     pub(crate) abort: CancellationToken,
+    /// Outcome counts; with timings on, the handler runs on the stack path
+    /// (`stack.rs`), which times it, so this path reads no clock.
+    pub(crate) metrics: Arc<metrics::UnitMetrics>,
 }
 
 /// What [`Unit::check`] decided before the handler.
@@ -115,6 +119,7 @@ macro_rules! invoke {
                         ($crate::pipeline::Outcome::Ack(None), None)
                             if !unit.app.has_after_ack() =>
                         {
+                            unit.metrics.acked();
                             match $crate::Delivery::try_ack(delivery) {
                                 Ok(acked) => unit.settled(acked),
                                 Err(delivery) => {
@@ -230,14 +235,22 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             Early::Layer(Verdict::Accept) => {
                 unreachable!("an accepted delivery is not settled early")
             }
-            Early::Layer(Verdict::Skip) => self.settled(delivery.ack().await),
-            Early::Layer(Verdict::Retry) => self.settled(delivery.nack().await),
+            Early::Layer(Verdict::Skip) => {
+                self.metrics.acked();
+                self.settled(delivery.ack().await);
+            }
+            Early::Layer(Verdict::Retry) => {
+                self.metrics.handled(Handled::Retried);
+                self.settled(delivery.nack().await);
+            }
             Early::Layer(Verdict::Reject(reason)) => {
+                self.metrics.handled(Handled::DeadLettered);
                 metrics::rejected(&self.config.subject);
                 self.settled(delivery.reject(&reason).await);
             }
             Early::Malformed(err) => self.malformed(delivery, err).await,
             Early::Oversized(size) => {
+                self.metrics.handled(Handled::DeadLettered);
                 metrics::oversized(&self.config.subject);
                 let err = format!(
                     "message of {size} bytes (headers + payload) exceeds max_message_size {}",
@@ -255,6 +268,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// crash loop ends.
     #[cold]
     async fn exhausted<D: Delivery>(&self, delivery: D, attempt: u32) {
+        self.metrics.handled(Handled::DeadLettered);
         metrics::exhausted(&self.config.subject);
         let reason = format!(
             "attempts exhausted: delivered {attempt} times, max_attempts {}, and no \
@@ -294,6 +308,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         };
         match outcome {
             Outcome::Ack(reply) => {
+                self.metrics.acked();
                 if let Some(reply) = reply {
                     let mut reply = Message::new(reply);
                     if let Some(content_type) = self.subscriber.reply_content_type() {
@@ -342,6 +357,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// request gets a `protocol-error` reply; the message is rejected (to the
     /// dead-letter subject when configured), logged and counted.
     async fn malformed<D: Delivery>(&self, delivery: D, err: BoxError) {
+        self.metrics.handled(Handled::Malformed);
         metrics::malformed(&self.config.subject);
         self.refused(delivery, format!("malformed payload: {err}").into())
             .await;
@@ -370,6 +386,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// `reason` is said once, in plain words: the caller's error adds what
     /// kind of failure it is.
     pub(crate) async fn refuse<D: Delivery>(&self, delivery: D, reason: &str) {
+        self.metrics.handled(Handled::Refused);
         metrics::structural_reject(&self.config.subject);
         tracing::warn!(subject = %self.config.subject, reason, "request refused by a structural limit");
         self.reply(&delivery, error_reply(reason), Some("structural-limit"))
@@ -396,6 +413,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 error = %err,
                 "{stage}; redelivering"
             );
+            self.metrics.handled(Handled::Retried);
             return self.settled(delivery.nack().await);
         }
         tracing::error!(
@@ -411,6 +429,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         };
         self.reply(&delivery, error_reply(&reason), Some("handler-error"))
             .await;
+        self.metrics.handled(Handled::DeadLettered);
         metrics::rejected(&self.config.subject);
         self.settled(delivery.reject(&reason).await);
         if self.config.fail_fast {

@@ -61,12 +61,13 @@ impl<S: SendSubscriber> Service<Request> for Handler<S> {
 }
 
 /// A subscriber's stack, outermost first in `layers`; `None` without layers
-/// (the handler is called directly).
+/// and without timings (the handler is called directly).
 pub(crate) fn stack<S: SendSubscriber>(
     subscriber: &Arc<S>,
     layers: &[SharedMiddleware],
+    timed: bool,
 ) -> Option<HandlerService> {
-    if layers.is_empty() {
+    if layers.is_empty() && !timed {
         return None;
     }
     let handler = BoxCloneSyncService::new(Handler(Arc::clone(subscriber)));
@@ -89,6 +90,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         body: Box<dyn Any + Send>,
     ) {
         let mut aborted = pin!(self.abort.cancelled());
+        let started = self.metrics.started();
         let called = {
             let call = pin!(call(
                 service,
@@ -100,6 +102,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             ));
             or_abort(call, aborted.as_mut()).await
         };
+        self.metrics.finished(started);
         let Some((outcome, follow_ups)) = called else {
             return self.aborted();
         };

@@ -141,6 +141,24 @@ pub fn counter(name: &str, label_key: &str, label_value: &str) -> u64 {
         .sum()
 }
 
+/// Total of counter `name` over the series carrying every label of `labels`.
+#[allow(dead_code)]
+pub fn counter_with(name: &str, labels: &[(&str, &str)]) -> u64 {
+    observe();
+    COUNTERS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(n, have, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| have.iter().any(|(hk, hv)| hk == k && hv == v))
+        })
+        .map(|(.., total)| total)
+        .sum()
+}
+
 /// The memory broker's queue for `subject`, as it is now.
 pub fn queue(
     broker: &ruststream::MemoryBroker,
