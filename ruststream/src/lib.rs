@@ -77,6 +77,9 @@ pub use app::{App, BoundSubscriber, Configure, Configured, IntoSubscriber, NoBro
 #[cfg(feature = "kafka")]
 pub use binding::kafka;
 pub use binding::memory::MemoryBroker;
+/// The MQTT binding (feature `mqtt`).
+#[cfg(feature = "mqtt")]
+pub use binding::mqtt;
 /// The NATS binding (feature `nats`).
 #[cfg(feature = "nats")]
 pub use binding::nats;
