@@ -455,3 +455,41 @@ impl SendSubscriber for Recorder {
         std::future::ready(outcome)
     }
 }
+
+/// Receive flow: the broker never has more than the receive maximum of
+/// unacked QoS 1 messages out with a subscription; each ack lets one more
+/// in (memory stays bounded however far behind the app is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receive_maximum_bounds_unacked_deliveries() {
+    const MAX: usize = 4;
+    let topic = unique("rs/flow/");
+    let mqtt = connect(builder().receive_maximum(MAX as u16)).await;
+    let mut sub = mqtt
+        .subscribe(SubscribeOptions::new(topic.as_str()))
+        .await
+        .unwrap();
+    for i in 0..20 {
+        publish(&mqtt, &topic, &i.to_string()).await;
+    }
+    let mut held = Vec::new();
+    for _ in 0..MAX {
+        held.push(
+            within(10, "a delivery within the maximum", sub.next())
+                .await
+                .unwrap(),
+        );
+    }
+    // Nothing more while all of them are unacked.
+    let more = tokio::time::timeout(Duration::from_millis(500), sub.next()).await;
+    assert!(more.is_err(), "a delivery past the receive maximum arrived");
+    held.remove(0).ack().await.unwrap();
+    let d = within(10, "one more after an ack", sub.next())
+        .await
+        .unwrap();
+    assert_eq!(text(&d), MAX.to_string());
+    d.ack().await.unwrap();
+    for d in held {
+        d.ack().await.unwrap();
+    }
+    mqtt.close().await.unwrap();
+}

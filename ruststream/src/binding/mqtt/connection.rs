@@ -56,7 +56,7 @@ pub(super) trait Inbound: Send + Sync + 'static {
 /// What one connection is.
 pub(super) struct Settings {
     pub(super) options: MqttOptions,
-    /// Filters (re)subscribed whenever the broker has no session for us.
+    /// Filters subscribed at the start and again after every reconnect.
     pub(super) filters: Vec<Filter>,
     pub(super) backoff: (Duration, Duration),
     /// For logs and metrics.
@@ -478,9 +478,12 @@ async fn drive<I: Inbound>(
                 crate::metrics::connection_event("mqtt", "reconnected");
                 tracing::info!(conn = %conn.label, session_present = ack.session_present, "MQTT reconnected");
                 conn.up.send_replace(true);
-                if !ack.session_present && !filters.is_empty() {
-                    // The broker lost our session: subscribe again.
-                    match conn.subscribe(filters.clone(), true) {
+                if !filters.is_empty() {
+                    // Subscribe again, also when the broker kept the
+                    // session: Mosquitto 2.0 restores a persisted session
+                    // without its shared subscriptions. Subscribing again
+                    // replaces a subscription, and loses nothing.
+                    match conn.subscribe(filters.clone(), !ack.session_present) {
                         Ok(_suback) => {
                             tracing::info!(conn = %conn.label, "MQTT subscriptions restored")
                         }
