@@ -51,6 +51,10 @@ pub(super) trait Inbound: Send + Sync + 'static {
     /// The connection broke: what was received on it and not yet handed out
     /// is dropped (the broker sends unacked QoS 1/2 messages again).
     fn reset(&self);
+
+    /// The connection is closing: nobody takes deliveries any more, and
+    /// `deliver` must not wait.
+    fn close(&self) {}
 }
 
 /// What one connection is.
@@ -88,6 +92,8 @@ pub(super) struct Connection {
     up: watch::Sender<bool>,
     closed: AtomicBool,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// [`Inbound::close`] of where received publishes go.
+    close_inbound: Box<dyn Fn() + Send + Sync>,
     label: String,
 }
 
@@ -132,6 +138,10 @@ impl Connection {
             up: watch::Sender::new(true),
             closed: AtomicBool::new(false),
             task: Mutex::new(None),
+            close_inbound: {
+                let inbound = Arc::clone(&inbound);
+                Box::new(move || inbound.close())
+            },
             label,
         });
         let subscribed = if filters.is_empty() {
@@ -331,6 +341,7 @@ impl Connection {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        (self.close_inbound)();
         {
             let _state = self.lock();
             let _ = self.client.try_disconnect();

@@ -75,8 +75,12 @@ impl Inbound for Buffer {
         loop {
             let room = self.room.notified();
             {
+                if self.closed.load(Ordering::Acquire) {
+                    // Nobody takes it: unacked, it comes back next session.
+                    return;
+                }
                 let mut queue = self.lock();
-                if queue.len() < self.capacity || self.closed.load(Ordering::Acquire) {
+                if queue.len() < self.capacity {
                     queue.push_back(publish.take().expect("pushed once"));
                     drop(queue);
                     self.data.notify_waiters();
@@ -90,6 +94,10 @@ impl Inbound for Buffer {
     fn reset(&self) {
         self.lock().clear();
         self.room.notify_waiters();
+    }
+
+    fn close(&self) {
+        Buffer::close(self);
     }
 }
 
