@@ -67,9 +67,10 @@ impl Default for MqttBrokerBuilder {
 }
 
 impl MqttBrokerBuilder {
-    /// The client id this app is known by (default: `ruststream-` and a
-    /// random suffix, so nothing outlives the process). Give a stable one
-    /// for persistent sessions: each subscription connects as
+    /// The client id this app is known by. Without one the id is
+    /// `ruststream-` and a random suffix, and sessions end with their
+    /// connections (clean start, expiry 0): nothing outlives the process.
+    /// Give a stable one for persistent sessions: each subscription connects as
     /// `<client id>-<hash of its queue group and subject>`, the publishing
     /// connection as `<client id>-pub`, and the broker keeps a
     /// subscription's session — with the QoS 1/2 messages published while
@@ -80,16 +81,22 @@ impl MqttBrokerBuilder {
     }
 
     /// How long the broker keeps a subscription's session after its
-    /// connection ends (MQTT 5 session expiry interval; default one hour).
-    /// `Duration::ZERO` ends it with the connection.
+    /// connection ends (MQTT 5 session expiry interval; default one hour),
+    /// when the [`client_id`](Self::client_id) is given. `Duration::ZERO`
+    /// ends it with the connection.
+    ///
+    /// A kept session of a shared subscription stays a member of its group:
+    /// the broker keeps giving it its share of the messages, which wait for
+    /// the client to come back. Give each instance of a service a client id
+    /// of its own that it keeps across restarts.
     pub fn session_expiry(mut self, expiry: Duration) -> Self {
         self.session_expiry = expiry;
         self
     }
 
-    /// Start every subscription's first connection with a clean session,
-    /// dropping what the broker kept for it (default `false`: resume).
-    /// Reconnects always resume.
+    /// Start every subscription's connections with a clean session,
+    /// dropping what the broker kept for it (default `false`: resume; only
+    /// with a [`client_id`](Self::client_id)).
     pub fn clean_start(mut self, clean: bool) -> Self {
         self.clean_start = clean;
         self
@@ -188,9 +195,16 @@ impl MqttBrokerBuilder {
     pub(super) fn options(&self, address: &Address, client_id: &str) -> MqttOptions {
         let mut options = MqttOptions::new(client_id, address.host.clone(), address.port);
         options.set_keep_alive(self.keep_alive);
-        options.set_clean_start(self.clean_start);
-        let expiry = u32::try_from(self.session_expiry.as_secs()).unwrap_or(u32::MAX);
-        options.set_session_expiry_interval(Some(expiry));
+        if self.client_id.is_some() {
+            options.set_clean_start(self.clean_start);
+            let expiry = u32::try_from(self.session_expiry.as_secs()).unwrap_or(u32::MAX);
+            options.set_session_expiry_interval(Some(expiry));
+        } else {
+            // Nobody comes back for a random id's session, and an orphaned
+            // member of a shared subscription would keep taking its share.
+            options.set_clean_start(true);
+            options.set_session_expiry_interval(Some(0));
+        }
         options.set_max_packet_size(Some(self.max_packet_size));
         options.set_connection_timeout(self.connect_timeout.as_secs().max(1));
         if let Some((user, password)) = self.credentials.as_ref().or(address.credentials.as_ref()) {
