@@ -80,6 +80,11 @@ struct State {
     /// Subscribes in the request channel, then waiting for their SUBACK.
     subscribes: VecDeque<oneshot::Sender<Result<()>>>,
     subscribes_inflight: HashMap<u16, oneshot::Sender<Result<()>>>,
+    /// Acks that found the request channel full, sent by the event-loop
+    /// task as room appears. An ack never waits: a settling handler must
+    /// not wait for an event loop that may itself wait for the handler's
+    /// loop to take the next delivery.
+    deferred_acks: VecDeque<(u16, QoS)>,
 }
 
 /// A connection's handle; the event-loop task holds another.
@@ -133,6 +138,7 @@ impl Connection {
                 collided: None,
                 subscribes: VecDeque::new(),
                 subscribes_inflight: HashMap::new(),
+                deferred_acks: VecDeque::new(),
             }),
             space: Notify::new(),
             up: watch::Sender::new(true),
@@ -290,32 +296,41 @@ impl Connection {
     }
 
     /// Acknowledges a delivery received on connection `epoch` (PUBACK for
-    /// QoS 1, PUBREC for QoS 2). One from a connection that has since broken
-    /// is not sent: the broker sends the message again.
-    pub(super) async fn ack(&self, pkid: u16, qos: QoS, epoch: u64) -> Result<()> {
+    /// QoS 1, PUBREC for QoS 2), without waiting: with the request channel
+    /// full it is sent by the event-loop task as soon as there is room. One
+    /// from a connection that has since broken is not sent: the broker sends
+    /// the message again.
+    pub(super) fn ack(&self, pkid: u16, qos: QoS, epoch: u64) -> Result<()> {
         if qos == QoS::AtMostOnce {
             return Ok(());
         }
-        let mut publish = Publish::new("", qos, bytes::Bytes::new(), None);
-        publish.pkid = pkid;
-        loop {
-            let room = self.space.notified();
-            {
-                let state = self.lock();
-                if state.epoch != epoch {
-                    tracing::debug!(conn = %self.label, pkid, "MQTT ack of a delivery from a broken connection not sent; the broker redelivers it");
-                    return Ok(());
-                }
-                if self.is_closed() {
-                    return Err(Error::Closed("MQTT connection is closed"));
-                }
-                match self.client.try_ack(&publish) {
-                    Ok(()) => return Ok(()),
-                    Err(ClientError::TryRequest(_)) => {}
-                    Err(err) => return Err(client_error("ack", err)),
-                }
+        let mut state = self.lock();
+        if state.epoch != epoch {
+            tracing::debug!(conn = %self.label, pkid, "MQTT ack of a delivery from a broken connection not sent; the broker redelivers it");
+            return Ok(());
+        }
+        if self.is_closed() {
+            return Err(Error::Closed("MQTT connection is closed"));
+        }
+        if state.deferred_acks.is_empty() {
+            match self.client.try_ack(&ack_of(pkid, qos)) {
+                Ok(()) => return Ok(()),
+                Err(ClientError::TryRequest(_)) => {}
+                Err(err) => return Err(client_error("ack", err)),
             }
-            room.await;
+        }
+        state.deferred_acks.push_back((pkid, qos));
+        Ok(())
+    }
+
+    /// Sends deferred acks while the request channel has room.
+    fn flush_acks(&self) {
+        let mut state = self.lock();
+        while let Some(&(pkid, qos)) = state.deferred_acks.front() {
+            if self.client.try_ack(&ack_of(pkid, qos)).is_err() {
+                return;
+            }
+            state.deferred_acks.pop_front();
         }
     }
 
@@ -342,6 +357,16 @@ impl Connection {
             return;
         }
         (self.close_inbound)();
+        // The acks made so far go out before the DISCONNECT.
+        let until = Instant::now() + Duration::from_secs(1);
+        loop {
+            let room = self.space.notified();
+            self.flush_acks();
+            if self.lock().deferred_acks.is_empty() || Instant::now() >= until {
+                break;
+            }
+            let _ = tokio::time::timeout_at(until, room).await;
+        }
         {
             let _state = self.lock();
             let _ = self.client.try_disconnect();
@@ -460,6 +485,7 @@ impl Connection {
             eventloop.clean();
             eventloop.pending.clear();
             eventloop.state.events.clear();
+            state.deferred_acks.clear();
             state.epoch += 1;
         }
         self.up.send_replace(false);
@@ -504,7 +530,12 @@ async fn drive<I: Inbound>(
                     }
                 }
             }
-            Ok(event) => conn.on_event(&event),
+            Ok(event) => {
+                conn.on_event(&event);
+                if let Event::Outgoing(_) = event {
+                    conn.flush_acks();
+                }
+            }
             Err(err) => {
                 if conn.is_closed() {
                     break;
@@ -520,6 +551,13 @@ async fn drive<I: Inbound>(
             }
         }
     }
+}
+
+/// What `rumqttc` builds an ack from: the packet id and the QoS.
+fn ack_of(pkid: u16, qos: QoS) -> Publish {
+    let mut publish = Publish::new("", qos, bytes::Bytes::new(), None);
+    publish.pkid = pkid;
+    publish
 }
 
 fn refused(reason: String) -> Error {

@@ -49,9 +49,9 @@ impl MqttDelivery {
         self.qos
     }
 
-    async fn ack_now(mut self) -> Result<()> {
+    fn ack_now(mut self) -> Result<()> {
         self.settled = true;
-        self.shared.conn.ack(self.pkid, self.qos, self.epoch).await
+        self.shared.conn.ack(self.pkid, self.qos, self.epoch)
     }
 }
 
@@ -80,9 +80,14 @@ impl Delivery for MqttDelivery {
         &self.env
     }
 
-    /// PUBACK (QoS 1) or PUBREC (QoS 2); nothing for QoS 0.
+    /// PUBACK (QoS 1) or PUBREC (QoS 2); nothing for QoS 0. Never waits:
+    /// the ack is queued for the connection's event loop.
     async fn ack(self) -> Result<()> {
-        self.ack_now().await
+        self.ack_now()
+    }
+
+    fn try_ack(self) -> std::result::Result<Result<()>, Self> {
+        Ok(self.ack_now())
     }
 
     /// MQTT has no negative acknowledgement: a copy with attempt + 1 goes to
@@ -93,7 +98,7 @@ impl Delivery for MqttDelivery {
     async fn nack(mut self) -> Result<()> {
         self.settled = true;
         redeliver(&self.shared, &self.env).await?;
-        self.ack_now().await
+        self.ack_now()
     }
 
     /// Publishes to the dead-letter topic with the reason, the original
@@ -124,7 +129,7 @@ impl Delivery for MqttDelivery {
                 "message rejected and dropped (no dead-letter subject configured)"
             ),
         }
-        self.ack_now().await
+        self.ack_now()
     }
 }
 
@@ -141,7 +146,7 @@ impl Drop for MqttDelivery {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 if redeliver(&shared, &env).await.is_ok() {
-                    let _ = shared.conn.ack(pkid, qos, epoch).await;
+                    let _ = shared.conn.ack(pkid, qos, epoch);
                 }
             });
         }
