@@ -546,3 +546,39 @@ async fn a_paused_receive_flow_takes_nothing_and_resumes_exactly_once() {
     drop(sub);
     mqtt.close().await.unwrap();
 }
+
+/// A steady stream through an app's default loop with a small receive
+/// maximum never stalls: acks never wait for the connection's event loop,
+/// which itself may wait for room in the subscription's buffer (Mosquitto
+/// 2.0 sends past the receive maximum under load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_subscription_with_a_small_receive_maximum_never_stalls() {
+    const N: usize = 600;
+    let topic = unique("rs/busy/");
+    let mqtt = connect(builder().receive_maximum(4)).await;
+    let recorder = Recorder::new(SubscriberConfig::new(topic.as_str()), None);
+    let calls = Arc::clone(&recorder.calls);
+    let running = App::new()
+        .broker(mqtt.clone())
+        .subscriber(recorder)
+        .start()
+        .await
+        .unwrap();
+    let sender = connect(builder()).await;
+    let publishing = {
+        let (sender, topic) = (sender.clone(), topic.clone());
+        tokio::spawn(async move {
+            for i in 0..N {
+                publish(&sender, &topic, &i.to_string()).await;
+            }
+        })
+    };
+    until(30, "every message handled", || {
+        calls.load(Ordering::SeqCst) as usize == N
+    })
+    .await;
+    publishing.await.unwrap();
+    running.shutdown().await.unwrap();
+    sender.close().await.unwrap();
+    mqtt.close().await.unwrap();
+}
