@@ -142,6 +142,9 @@ mod book {
     #[cfg(feature = "kafka")]
     #[doc = include_str!("../../book/src/kafka.md")]
     mod kafka {}
+    #[cfg(feature = "mqtt")]
+    #[doc = include_str!("../../book/src/mqtt.md")]
+    mod mqtt {}
     #[cfg(all(feature = "nats", feature = "redis", feature = "rabbitmq"))]
     #[doc = include_str!("../../book/src/failures.md")]
     mod failures {}
