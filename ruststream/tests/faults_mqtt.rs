@@ -32,7 +32,12 @@ fn mosquitto(port: u16, dir: &Path) -> Command {
         ),
     )
     .unwrap();
-    let mut command = Command::new("mosquitto");
+    let program = if Path::new("/usr/sbin/mosquitto").exists() {
+        "/usr/sbin/mosquitto"
+    } else {
+        "mosquitto"
+    };
+    let mut command = Command::new(program);
     command.arg("-c").arg(config);
     command
 }

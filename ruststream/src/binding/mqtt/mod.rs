@@ -16,7 +16,9 @@
 //! * QoS 1 with manual acknowledgement (default): the PUBACK goes out only
 //!   when the handler's outcome says ack, so a process that dies before the
 //!   ack gets the message again (DUP: attempt + 1) when its session resumes.
-//!   QoS 2 acknowledges with PUBREC the same way; QoS 0 (per subscriber:
+//!   QoS 2 acknowledges with PUBREC the same way (but see the guide's known
+//!   limits: `rumqttc` forgets QoS 2 handshakes across reconnects); QoS 0
+//!   (per subscriber:
 //!   [`MqttBrokerBuilder::subscription_qos`]) has no acknowledgement at all,
 //!   so a crash loses what was in hand. `nack` works the same at every QoS.
 //! * `nack`: MQTT has no negative acknowledgement and redelivers only when a
