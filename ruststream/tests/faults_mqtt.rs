@@ -172,3 +172,54 @@ async fn subscriptions_are_made_again_when_the_broker_lost_them() {
     app.close().await.unwrap();
     sender.close().await.unwrap();
 }
+
+/// A publish waits for the broker's PUBACK, and no longer than its
+/// deadline: with the broker down it fails with `DeadlineExceeded` (JQ-19);
+/// once the broker is back, publishing works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_waits_for_the_puback_until_its_deadline() {
+    let mut server = OwnServer::custom("mosquitto", mosquitto).await;
+    let url = format!("mqtt://127.0.0.1:{}", server.port);
+    let topic = unique("rs/deadline/");
+    let sender = quick().connect(&url).await.unwrap();
+    let mut sub = sender
+        .subscribe(SubscribeOptions::new(topic.as_str()))
+        .await
+        .unwrap();
+    server.stop().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+    let result = within(
+        5,
+        "the publish to end at its deadline",
+        sender.publish_message(&topic, Message::new("lost"), Some(deadline)),
+    )
+    .await;
+    assert!(
+        matches!(result, Err(ruststream::Error::DeadlineExceeded(_))),
+        "{result:?}"
+    );
+    server.start_again().await;
+    // Publishing works again (each publish confirmed), and once the
+    // subscription is back one of them arrives. (The one that timed out
+    // may arrive too: at least once.)
+    within(20, "a message after the restart", async {
+        let mut i = 0;
+        loop {
+            sender
+                .publish_message(&topic, Message::new(format!("back {i}")), None)
+                .await
+                .unwrap();
+            i += 1;
+            if let Ok(Some(d)) = tokio::time::timeout(Duration::from_millis(200), sub.next()).await
+            {
+                let body = String::from_utf8_lossy(d.envelope().payload()).into_owned();
+                d.ack().await.unwrap();
+                if body.starts_with("back") {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
+    sender.close().await.unwrap();
+}

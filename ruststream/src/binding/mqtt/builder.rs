@@ -252,3 +252,25 @@ impl Address {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Address;
+
+    #[test]
+    fn addresses_parse_with_and_without_scheme_port_and_login() {
+        let a = Address::parse("mqtt://u:p@broker.local:1884").unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("broker.local", 1884));
+        assert_eq!(a.credentials, Some(("u".to_owned(), "p".to_owned())));
+        let a = Address::parse("tcp://127.0.0.1").unwrap();
+        assert_eq!(
+            (a.host.as_str(), a.port, a.credentials),
+            ("127.0.0.1", 1883, None)
+        );
+        let a = Address::parse("localhost:1999").unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("localhost", 1999));
+        assert!(Address::parse("amqp://x").is_err());
+        assert!(Address::parse("mqtt://host:port").is_err());
+        assert!(Address::parse("mqtt://").is_err());
+    }
+}
