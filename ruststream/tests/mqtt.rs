@@ -273,7 +273,8 @@ async fn retries_are_counted_then_the_message_is_dead_lettered() {
     mqtt.close().await.unwrap();
 }
 
-/// Request/reply through an app: MQTT 5 response topic and correlation data.
+/// Request/reply through an app: MQTT 5 response topic and correlation
+/// data; the reply completes the caller without a permit (JQ-6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_answers_requests_on_the_response_topic() {
     let topic = unique("rs/rpc/");
@@ -303,7 +304,8 @@ async fn an_app_answers_requests_on_the_response_topic() {
 }
 
 /// A delivery never acked — its process died — comes back when the session
-/// resumes, with the DUP flag counted as an attempt.
+/// resumes, with the DUP flag counted as an attempt (ack only after the
+/// handler, RT-7).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_the_ack_means_redelivery() {
     let topic = unique("rs/crash/");
@@ -456,9 +458,9 @@ impl SendSubscriber for Recorder {
     }
 }
 
-/// Receive flow: the broker never has more than the receive maximum of
-/// unacked QoS 1 messages out with a subscription; each ack lets one more
-/// in (memory stays bounded however far behind the app is).
+/// Receive flow (JQ-21, JQ-23): the broker never has more than the receive
+/// maximum of unacked QoS 1 messages out with a subscription; each ack lets
+/// one more in (memory stays bounded however far behind the app is).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_receive_maximum_bounds_unacked_deliveries() {
     const MAX: usize = 4;
@@ -547,8 +549,8 @@ async fn a_paused_receive_flow_takes_nothing_and_resumes_exactly_once() {
     mqtt.close().await.unwrap();
 }
 
-/// A steady stream through an app's default loop with a small receive
-/// maximum never stalls: acks never wait for the connection's event loop,
+/// A steady stream through an app's default loop (RT-2) with a small
+/// receive maximum never stalls (JQ-11: no persistent wait cycle): acks never wait for the connection's event loop,
 /// which itself may wait for room in the subscription's buffer (Mosquitto
 /// 2.0 sends past the receive maximum under load).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
