@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::retry_once::in_a_process_that_dies;
 use common::{unique, until, within};
 use ruststream::bytes::Bytes;
 use ruststream::conformance::{self, Capabilities, Harness};
@@ -583,4 +584,99 @@ async fn a_busy_subscription_with_a_small_receive_maximum_never_stalls() {
     running.shutdown().await.unwrap();
     sender.close().await.unwrap();
     mqtt.close().await.unwrap();
+}
+
+/// The same at the app level, in a process that really dies: its handler
+/// holds the message when the runtime goes away (no shutdown, no ack, no
+/// DISCONNECT); the next run of the app, with the same client id, gets it
+/// again as attempt 2 and acks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_that_dies_in_its_handler_gets_the_message_again_after_a_restart() {
+    let topic = unique("rs/dies/");
+    let client_id = unique("rs-dies-");
+    let url = url();
+    let (dying_topic, dying_id) = (topic.clone(), client_id.clone());
+    in_a_process_that_dies(async move {
+        let mqtt = connect(
+            MqttBroker::builder()
+                .client_id(dying_id)
+                .session_expiry(Duration::from_secs(60)),
+        )
+        .await;
+        let hang = Hang::new(SubscriberConfig::new(dying_topic.as_str()));
+        let started = Arc::clone(&hang.started);
+        let _running = App::new()
+            .broker(mqtt.clone())
+            .subscriber(hang)
+            .start()
+            .await
+            .unwrap();
+        let sender = MqttBroker::connect(&url).await.unwrap();
+        publish(&sender, &dying_topic, "in hand").await;
+        within(10, "the handler to hold the message", started.notified()).await;
+        // The runtime goes away here, the handler mid-way.
+    });
+    let recorder = Recorder::new(SubscriberConfig::new(topic.as_str()), None);
+    let seen = Arc::clone(&recorder.seen);
+    let mqtt = connect(builder().client_id(client_id.as_str())).await;
+    let running = App::new()
+        .broker(mqtt.clone())
+        .subscriber(recorder)
+        .start()
+        .await
+        .unwrap();
+    until(15, "the message again after the restart", || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        [("in hand".to_owned(), 2)],
+        "the redelivery, counted"
+    );
+    running.shutdown().await.unwrap();
+    mqtt.close().await.unwrap();
+}
+
+/// A subscriber whose handler says it started, then never finishes.
+struct Hang {
+    config: SubscriberConfig,
+    started: Arc<tokio::sync::Notify>,
+}
+
+impl Hang {
+    fn new(config: SubscriberConfig) -> Self {
+        Hang {
+            config,
+            started: Arc::default(),
+        }
+    }
+}
+
+impl Subscriber for Hang {
+    type Body = Bytes;
+    type Codec = Json;
+
+    fn config(&self) -> SubscriberConfig {
+        self.config.clone()
+    }
+
+    fn decode(&self, payload: &Bytes) -> std::result::Result<Bytes, BoxError> {
+        Ok(payload.clone())
+    }
+
+    fn handle(&self, body: Bytes, scope: &Scope<'_>) -> impl Future<Output = Outcome> {
+        self.handle_send(body, scope)
+    }
+}
+
+impl SendSubscriber for Hang {
+    fn handle_send(
+        &self,
+        _body: Bytes,
+        _scope: &Scope<'_>,
+    ) -> impl Future<Output = Outcome> + Send {
+        self.started.notify_one();
+        std::future::pending()
+    }
 }
