@@ -40,8 +40,10 @@ pub(super) fn properties(message: &Message, extra: &[(&str, String)]) -> Publish
 /// address, correlation id and attempt. `copy_of`: the publish is a
 /// redelivered copy (from the subscription's retry topic), whose subject is
 /// in its `ruststream-original-subject` property; the DUP flag (the broker
-/// sending it again after a reconnect) adds one attempt.
-pub(super) fn envelope(publish: Publish, copy: bool) -> Envelope {
+/// sending it again after a reconnect) adds one attempt. `last` caches the
+/// subject of the previous delivery: a subscription usually sees the same
+/// few topics, and a cached subject clones without allocating.
+pub(super) fn envelope(publish: Publish, copy: bool, last: &mut Option<Text>) -> Envelope {
     let Publish {
         dup,
         topic,
@@ -49,7 +51,11 @@ pub(super) fn envelope(publish: Publish, copy: bool) -> Envelope {
         properties,
         ..
     } = publish;
-    let mut subject = String::from_utf8_lossy(&topic).into_owned();
+    let topic = String::from_utf8_lossy(&topic);
+    let mut subject = match last {
+        Some(text) if text.as_str() == topic => text.clone(),
+        _ => last.insert(Text::from(topic.as_ref())).clone(),
+    };
     let mut message = Message::new(payload);
     let mut attempt = 1;
     if let Some(props) = properties {
@@ -57,7 +63,7 @@ pub(super) fn envelope(publish: Publish, copy: bool) -> Envelope {
             match name.as_str() {
                 KEY => message = message.with_key(value),
                 REDELIVERY if copy => attempt = value.parse().unwrap_or(2),
-                header::ORIGINAL_SUBJECT if copy => subject = value,
+                header::ORIGINAL_SUBJECT if copy => subject = Text::from(value),
                 _ => message = message.with_header(name, value),
             }
         }
@@ -68,7 +74,7 @@ pub(super) fn envelope(publish: Publish, copy: bool) -> Envelope {
             message = message.with_correlation_id(String::from_utf8_lossy(&data).into_owned());
         }
     }
-    Envelope::new(Text::from(subject), message).with_attempt(attempt + u32::from(dup))
+    Envelope::new(subject, message).with_attempt(attempt + u32::from(dup))
 }
 
 /// A redelivered or dead-lettered copy answers nobody: a request's reply

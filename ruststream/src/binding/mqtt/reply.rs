@@ -35,7 +35,7 @@ impl Inbox {
 
 impl super::connection::Inbound for Inbox {
     async fn deliver(&self, publish: Publish, _epoch: u64) {
-        let env = convert::envelope(publish, false);
+        let env = convert::envelope(publish, false, &mut None);
         let id = env
             .correlation_id()
             .and_then(|id| id.strip_prefix(PREFIX))

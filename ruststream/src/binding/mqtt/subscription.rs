@@ -34,6 +34,8 @@ pub struct MqttSubscription {
     shared: Arc<Shared>,
     buffer: Arc<Buffer>,
     flow: Option<Arc<PullFlow>>,
+    /// The subject of the last delivery, reused while it repeats.
+    last_subject: Option<Text>,
 }
 
 /// What every delivery of one subscription needs to settle itself.
@@ -175,6 +177,7 @@ impl MqttSubscription {
                 dead_letter: options.dead_letter,
             }),
             buffer,
+            last_subject: None,
             flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
         })
     }
@@ -209,7 +212,7 @@ impl Subscription for MqttSubscription {
         self.buffer.room.notify_waiters();
         let copy = publish.topic.as_ref() == self.shared.retry_topic.as_bytes();
         let (pkid, qos) = (publish.pkid, publish.qos);
-        let env = convert::envelope(publish, copy);
+        let env = convert::envelope(publish, copy, &mut self.last_subject);
         Some(MqttDelivery::new(env, pkid, qos, epoch, &self.shared))
     }
 
