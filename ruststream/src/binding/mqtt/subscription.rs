@@ -4,12 +4,14 @@
 //! `nack` sends copies back.
 //!
 //! Received publishes wait in a buffer of at most the receive maximum until
-//! the runtime claims them. For QoS 1 and 2 the broker never has more than
-//! the receive maximum unacknowledged with us, so the buffer never fills
-//! past it; for QoS 0 (no flow control in MQTT) a full buffer stops the
-//! event loop reading the socket, and TCP pushes back on the broker. While
-//! the receive flow is PAUSED nothing is handed out: the buffer fills, the
-//! broker stops at the receive maximum, and memory stays bounded.
+//! the runtime claims them. The broker should never have more than the
+//! receive maximum of QoS 1/2 messages unacknowledged with us; when the
+//! buffer is full all the same (QoS 0, which MQTT does not flow-control, or
+//! a broker sending past the maximum, as Mosquitto 2.0 does under load) the
+//! event loop stops reading the socket and TCP pushes back on the broker.
+//! Acks never wait for it. While the receive flow is PAUSED nothing is
+//! handed out: the buffer fills, the broker stops at the receive maximum,
+//! and memory stays bounded.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -83,9 +85,13 @@ impl Inbound for Buffer {
                 }
                 let mut queue = self.lock();
                 if queue.len() < self.capacity {
+                    let was_empty = queue.is_empty();
                     queue.push_back(publish.take().expect("pushed once"));
                     drop(queue);
-                    self.data.notify_waiters();
+                    // The reader waits only on an empty buffer.
+                    if was_empty {
+                        self.data.notify_waiters();
+                    }
                     return;
                 }
             }
@@ -208,8 +214,17 @@ impl Subscription for MqttSubscription {
     }
 
     fn try_next(&mut self) -> Option<MqttDelivery> {
-        let (publish, epoch) = self.buffer.lock().pop_front()?;
-        self.buffer.room.notify_waiters();
+        let (publish, epoch) = {
+            let mut queue = self.buffer.lock();
+            let full = queue.len() >= self.buffer.capacity;
+            let taken = queue.pop_front()?;
+            drop(queue);
+            // The event loop waits only on a full buffer.
+            if full {
+                self.buffer.room.notify_waiters();
+            }
+            taken
+        };
         let copy = publish.topic.as_ref() == self.shared.retry_topic.as_bytes();
         let (pkid, qos) = (publish.pkid, publish.qos);
         let env = convert::envelope(publish, copy, &mut self.last_subject);
