@@ -11,9 +11,13 @@
 # PUBACK per message (receive maximum 64) from a raw rumqttc publisher,
 # framework vs a raw rumqttc event loop, on Mosquitto
 # (RUSTSTREAM_MQTT_URL, default mqtt://127.0.0.1:1883).
+# BROKERS picks the brokers (default: all), e.g. `BROKERS=kafka
+# bench/brokers.sh` runs only the Kafka pair and needs no server.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --release -p ruststream-bench --features nats,redis,rabbitmq,kafka,mqtt --manifest-path "$root/Cargo.toml" >&2
+brokers=${BROKERS:-nats redis rabbitmq kafka mqtt}
+features=$(echo $brokers | tr ' ' ',')
+cargo build --release -p ruststream-bench --features "$features" --manifest-path "$root/Cargo.toml" >&2
 bin=${CARGO_TARGET_DIR:-$root/target}/release/ruststream-bench
 n=${N:-100000}
 rounds=5
@@ -31,6 +35,7 @@ done
 printf '%-16s %12s %8s\n' scenario msgs/s vs-raw
 for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka" "mqtt raw-mqtt"; do
   read -r fw raw <<<"$pair"
+  [[ -n "${rates[$fw]:-}" ]] || continue
   f=$(echo "${rates[$fw]}" | median)
   r=$(echo "${rates[$raw]}" | median)
   printf '%-16s %12.0f %8s\n' "$raw" "$r" "1.00"

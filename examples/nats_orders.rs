@@ -1,6 +1,7 @@
 //! Orders on NATS JetStream: a durable stream, a queue-group subscriber with
-//! per-key order, a request/reply service on core NATS, and a graceful
-//! shutdown.
+//! per-key order that publishes a follow-up and dead-letters invalid
+//! orders, a request/reply service on core NATS, and a graceful shutdown.
+//! `tests/nats_orders.rs` tests the same service with `TestApp`, no server.
 //!
 //! Needs a nats-server with JetStream on `RUSTSTREAM_NATS_URL` (default
 //! `nats://127.0.0.1:4222`); `scripts/test.sh` starts one when it is down.
@@ -15,9 +16,9 @@ use ruststream::prelude::*;
 use tokio::sync::Notify;
 
 #[derive(Debug, Serialize, Deserialize)]
-struct Order {
-    id: u64,
-    customer: String,
+pub struct Order {
+    pub id: u64,
+    pub customer: String,
 }
 
 static CONFIRMED: AtomicU32 = AtomicU32::new(0);
@@ -30,8 +31,18 @@ fn customer(order: &Order) -> String {
 
 /// A customer's orders in order; up to four customers at once. Acked on
 /// JetStream only when the handler succeeds.
-#[subscriber("shop.orders.created", queue_group = "billing", workers(4, by_key = customer))]
-async fn confirm(order: Order, ctx: Ctx) {
+#[subscriber(
+    "shop.orders.created",
+    queue_group = "billing",
+    workers(4, by_key = customer),
+    dead_letter = "shop.orders.dead"
+)]
+async fn confirm(order: Order, ctx: Ctx) -> Result<(), HandlerError> {
+    if order.customer.is_empty() {
+        return Err(HandlerError::reject("an order needs a customer"));
+    }
+    // The follow-up goes through the broker that delivered the order.
+    ctx.publish("shop.orders.confirmed", &order.id).await?;
     println!(
         "confirmed order {} for {} (delivery {})",
         order.id,
@@ -41,12 +52,23 @@ async fn confirm(order: Order, ctx: Ctx) {
     if CONFIRMED.fetch_add(1, Ordering::SeqCst) + 1 == ORDERS {
         ALL_CONFIRMED.notify_one();
     }
+    Ok(())
 }
 
 /// Request/reply over core NATS inboxes.
 #[subscriber("shop.stock", queue_group = "stock")]
 async fn stock(sku: String) -> u32 {
     sku.len() as u32 * 10
+}
+
+/// The service: orders on `orders` (JetStream in `main`), stock requests
+/// on `nats` (core NATS in `main`).
+pub fn service<J: Broker, N: Broker>(orders: J, nats: N) -> App<N> {
+    App::new()
+        .broker(orders)
+        .subscriber(confirm)
+        .broker(nats)
+        .subscriber(stock)
 }
 
 #[ruststream::app]
@@ -59,13 +81,7 @@ async fn main() -> ruststream::Result<()> {
         .jetstream(StreamSpec::new(&stream, ["shop.orders.>"]).memory_storage())
         .await?;
 
-    let running = App::new()
-        .broker(orders.clone())
-        .subscriber(confirm)
-        .broker(nats.clone())
-        .subscriber(stock)
-        .start()
-        .await?;
+    let running = service(orders.clone(), nats.clone()).start().await?;
 
     let out = running
         .publisher::<ruststream::nats::JetStream>()

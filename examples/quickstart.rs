@@ -11,16 +11,16 @@ use ruststream::prelude::*;
 use tokio::sync::Notify;
 
 #[derive(Debug, Serialize, Deserialize)]
-struct Order {
-    id: u64,
-    sku: String,
-    qty: u32,
+pub struct Order {
+    pub id: u64,
+    pub sku: String,
+    pub qty: u32,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct Confirmed {
-    id: u64,
-    total_qty: u32,
+pub struct Confirmed {
+    pub id: u64,
+    pub total_qty: u32,
 }
 
 static HANDLED: AtomicU32 = AtomicU32::new(0);
@@ -52,6 +52,12 @@ async fn confirm(order: Order, ctx: Ctx) -> Result<Confirmed, HandlerError> {
     })
 }
 
+/// The service: its subscribers on the broker it is given. `main` runs it
+/// on the memory broker; `tests/quickstart.rs` runs it under `TestApp`.
+pub fn service<B: Broker>(broker: B) -> App<B> {
+    App::new().broker(broker).subscriber(confirm)
+}
+
 #[ruststream::app]
 async fn main() -> ruststream::Result<()> {
     tracing_subscriber::fmt()
@@ -61,8 +67,7 @@ async fn main() -> ruststream::Result<()> {
         .init();
 
     let broker = MemoryBroker::new();
-    let app = App::new().broker(broker.clone()).subscriber(confirm);
-    let running = app.start().await?;
+    let running = service(broker.clone()).start().await?;
     // Typed sends and requests, JSON-encoded.
     let client = Publisher::new(broker);
 

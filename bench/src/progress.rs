@@ -23,6 +23,11 @@ pub fn seen() {
     }
 }
 
+/// Messages handled since [`expect`].
+pub fn count() -> u64 {
+    SEEN.load(Ordering::Relaxed)
+}
+
 /// Resolves once the N-th message was handled.
 pub async fn all_seen() {
     ALL_SEEN.notified().await;

@@ -645,14 +645,31 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
             }
         }
     };
+    // The codec spanned on the body too: a body the codec cannot decode is
+    // reported on the body argument.
+    let body_codec = respanned(codec.clone(), body_ty.span());
     let decode = quote_spanned! {body_ty.span()=>
         (&&::ruststream::__private::BodyKind::<#body_ty>::new())
-            .decode_body::<#codec>(payload)
+            .decode_body::<#body_codec>(payload)
     };
     // A `Result` return goes through `HandlerResult`, whose message names
     // the fix when its error type is not a handler error.
     let returns_result = matches!(&function.sig.output,
         ReturnType::Type(_, ty) if matches!(&**ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Result")));
+    let reply_ty = reply_type(&function.sig.output, returns_result);
+    let content_types = quote_spanned! {body_ty.span()=>
+        fn content_type(&self) -> ::core::option::Option<&'static str> {
+            #[allow(unused_imports)]
+            use ::ruststream::__private::{CodecBody as _, RawBody as _};
+            (&&::ruststream::__private::BodyKind::<#body_ty>::new()).content_type::<#codec>()
+        }
+
+        fn reply_content_type(&self) -> ::core::option::Option<&'static str> {
+            #[allow(unused_imports)]
+            use ::ruststream::__private::{CodecReply as _, RawReply as _};
+            (&&::ruststream::__private::ReplyKind::<#reply_ty>::new()).content_type::<#codec>()
+        }
+    };
     let out_span = match &function.sig.output {
         ReturnType::Default => Span::call_site(),
         ReturnType::Type(_, ty) => ty.span(),
@@ -727,6 +744,8 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
 
                 #required_state
 
+                #content_types
+
                 #[allow(unused_variables)]
                 fn handle(
                     &self,
@@ -740,6 +759,40 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
             #send_impl
         };
     }
+}
+
+/// The type a handler replies with: its return type, or the success type
+/// of a `Result` return.
+fn reply_type(output: &ReturnType, returns_result: bool) -> TokenStream {
+    let ReturnType::Type(_, ty) = output else {
+        return quote!(());
+    };
+    if returns_result
+        && let Type::Path(path) = &**ty
+        && let Some(last) = path.path.segments.last()
+        && let syn::PathArguments::AngleBracketed(args) = &last.arguments
+        && let Some(syn::GenericArgument::Type(ok)) = args.args.first()
+    {
+        return quote!(#ok);
+    }
+    quote!(#ty)
+}
+
+/// `tokens` with every span set to `span`.
+fn respanned(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tree| {
+            if let TokenTree::Group(group) = &tree {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respanned(group.stream(), span));
+                inner.set_span(span);
+                tree = TokenTree::Group(inner);
+            }
+            tree.set_span(span);
+            tree
+        })
+        .collect()
 }
 
 /// Replaces every `::ruststream` path prefix with `krate` (for

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use crate::binding::erased::ErasedBroker;
 use crate::host::AppHandle;
 use crate::tasks::FollowUps;
-use crate::{Codec, Envelope, Error, Headers, Json, Message, Text};
+use crate::{Envelope, Error, Headers, Json, Text};
 
 mod sealed {
     pub trait Sealed {}
@@ -125,8 +125,7 @@ impl<R: CtxRuntime> Ctx<R> {
         subject: &str,
         value: &T,
     ) -> Result<(), Error> {
-        let payload = Json::encode(value).map_err(Error::Encode)?;
-        let mut message = Message::new(payload);
+        let mut message = crate::codec::encode_message::<Json, T>(value)?;
         self.outgoing().apply(subject, &mut message);
         self.broker.publish_boxed(subject, message, None).await
     }
@@ -145,15 +144,14 @@ impl<R: CtxRuntime> Ctx<R> {
         T: Serialize + ?Sized,
         R2: DeserializeOwned,
     {
-        let payload = Json::encode(value).map_err(Error::Encode)?;
-        let mut message = Message::new(payload);
+        let mut message = crate::codec::encode_message::<Json, T>(value)?;
         self.outgoing().apply(subject, &mut message);
         let reply = self
             .broker
             .request_boxed(subject, message, timeout)
             .await
             .and_then(crate::binding::reply_result)?;
-        Json::decode(reply.payload()).map_err(Error::Decode)
+        crate::codec::decode_reply::<Json, R2>(&reply)
     }
 
     fn outgoing(&self) -> &crate::outgoing::Outgoing {

@@ -39,7 +39,7 @@
 mod accept;
 mod app;
 pub mod binding;
-mod codec;
+pub mod codec;
 mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -62,6 +62,8 @@ mod publisher;
 pub mod subscriber;
 mod sync;
 mod tasks;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod text;
 
 #[cfg(all(test, loom))]
@@ -130,6 +132,17 @@ mod book {
     mod publishing {}
     #[doc = include_str!("../../book/src/request-reply.md")]
     mod request_reply {}
+    #[cfg(all(feature = "msgpack", feature = "protobuf"))]
+    #[doc = include_str!("../../book/src/codecs.md")]
+    mod codecs {}
+    #[cfg(feature = "testing")]
+    #[doc = include_str!("../../book/src/testing.md")]
+    mod testing {}
+    #[cfg(feature = "prometheus")]
+    #[doc = include_str!("../../book/src/observability.md")]
+    mod observability {}
+    #[doc = include_str!("../../book/src/middleware.md")]
+    mod middleware {}
     #[cfg(feature = "nats")]
     #[doc = include_str!("../../book/src/nats.md")]
     mod nats {}

@@ -7,7 +7,8 @@ use crate::meta_box::{Meta, MetaBox};
 
 /// Header names the runtime itself reads and writes.
 pub mod header {
-    /// Status of a reply: `ok`, `protocol-error` or `handler-error`.
+    /// Status of a failed reply: `protocol-error`, `handler-error` or
+    /// `structural-limit`. A reply without it succeeded.
     pub const STATUS: &str = "ruststream-status";
     /// Human-readable error of a failed reply or of a dead-lettered message.
     pub const ERROR: &str = "ruststream-error";
@@ -25,6 +26,10 @@ pub mod header {
     /// Delay a `retry_after` still had to wait when a shutdown published it
     /// early; the next consumer re-arms it.
     pub const RETRY_DELAY_MS: &str = "ruststream-retry-delay-ms";
+    /// The payload's format, set by the codec that encoded it (e.g.
+    /// `application/json`); a subscriber whose codec reads another format
+    /// treats the message as malformed.
+    pub const CONTENT_TYPE: &str = "content-type";
 }
 
 /// Ordered message headers. Names may repeat; lookups return the first match.
@@ -87,8 +92,15 @@ impl Headers {
     }
 
     /// The first value of `name`.
+    #[inline]
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.pairs()
+        // The first header by hand: most messages have none or one.
+        let (first, value) = self.first.as_ref()?;
+        if first.as_str() == name {
+            return Some(value.as_str());
+        }
+        self.rest
+            .iter()
             .find(|(n, _)| n.as_str() == name)
             .map(|(_, v)| v.as_str())
     }

@@ -61,6 +61,7 @@ pub use crate::outgoing::OnPublish;
 /// One decoded delivery on its way to the handler: what middleware sees and
 /// may change (a header added here is what the handler's extractors read).
 pub struct Request {
+    pub(crate) handler: &'static str,
     pub(crate) envelope: Envelope,
     pub(crate) body: Box<dyn Any + Send>,
     pub(crate) app: AppHandle,
@@ -69,6 +70,12 @@ pub struct Request {
 }
 
 impl Request {
+    /// The name of the handler this request is for (for `#[subscriber]`,
+    /// the path of the function).
+    pub fn handler(&self) -> &'static str {
+        self.handler
+    }
+
     /// The delivery: subject, headers, key, attempt, payload.
     pub fn envelope(&self) -> &Envelope {
         &self.envelope
@@ -76,7 +83,7 @@ impl Request {
 
     /// The delivery's headers, to change before the handler reads them
     /// (its [`Header`](crate::extract::Header) and
-    /// [`Headers`](crate::Headers) arguments see the change).
+    /// [`Headers`] arguments see the change).
     pub fn headers_mut(&mut self) -> &mut Headers {
         self.envelope.headers_mut()
     }

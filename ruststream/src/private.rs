@@ -17,6 +17,7 @@ pub fn extractor_failed(err: HandlerError) -> Outcome {
     Outcome::Failed(err.before_handler())
 }
 
+use crate::codec::{Decode, Encode};
 use crate::{BoxError, Codec};
 
 /// What a `#[subscriber]` function returns: its future, tagged with the
@@ -105,10 +106,15 @@ impl<T> BodyKind<T> {
     }
 }
 
-/// Raw bodies: the payload as it is.
+/// Raw bodies: the payload as it is, whatever its content type.
 pub trait RawBody<T> {
     /// Decodes.
     fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>;
+
+    /// The content type the body is decoded from: any.
+    fn content_type<C>(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 impl RawBody<Bytes> for &BodyKind<Bytes> {
@@ -134,36 +140,59 @@ pub trait CodecBody<T> {
     /// Decodes.
     fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>
     where
-        T: MessageBody;
+        T: MessageBody<C>;
+
+    /// The content type the body is decoded from: the codec's.
+    fn content_type<C: Codec>(&self) -> Option<&'static str> {
+        Some(C::CONTENT_TYPE)
+    }
 }
 
 impl<T> CodecBody<T> for BodyKind<T> {
     #[inline]
     fn decode_body<C: Codec>(&self, payload: &Bytes) -> Result<T, BoxError>
     where
-        T: MessageBody,
+        T: MessageBody<C>,
     {
-        C::decode(payload)
+        T::decode_with(payload)
     }
 }
 
 /// Checks a body type with a readable error.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a message body",
-    label = "the body argument must be decodable",
-    note = "a subscriber's first argument is the message body: derive `serde::Deserialize` for it, or take `Bytes`, `String` or `Vec<u8>` for the raw payload; extractors such as `Ctx` or `State<T>` come after the body"
+    label = "the body argument must be decodable by the subscriber's codec (`{C}`)",
+    note = "a subscriber's first argument is the message body: derive `serde::Deserialize` for it (`prost::Message` with `codec = ruststream::codec::Protobuf`), or take `Bytes`, `String` or `Vec<u8>` for the raw payload; extractors such as `Ctx` or `State<T>` come after the body"
 )]
-pub trait MessageBody: serde::de::DeserializeOwned + Send + 'static {}
-impl<T: serde::de::DeserializeOwned + Send + 'static> MessageBody for T {}
+pub trait MessageBody<C>: Send + Sized + 'static {
+    /// Decodes a payload with `C`.
+    fn decode_with(payload: &Bytes) -> Result<Self, BoxError>;
+}
+
+impl<C: Decode<T>, T: Send + 'static> MessageBody<C> for T {
+    #[inline]
+    fn decode_with(payload: &Bytes) -> Result<T, BoxError> {
+        C::decode(payload)
+    }
+}
 
 /// Checks a reply type with a readable error.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be returned by a subscriber",
-    label = "unsupported return type",
-    note = "return `()`, a `serde::Serialize` value (the reply), `Bytes`/`String`/`Vec<u8>` (a raw reply), or `Result<_, E>` of those where `E: Into<HandlerError>`"
+    label = "unsupported return type for the subscriber's codec (`{C}`)",
+    note = "return `()`, a `serde::Serialize` value (the reply; a `prost::Message` with `codec = ruststream::codec::Protobuf`), `Bytes`/`String`/`Vec<u8>` (a raw reply), or `Result<_, E>` of those where `E: Into<HandlerError>`"
 )]
-pub trait Reply: serde::Serialize {}
-impl<T: serde::Serialize> Reply for T {}
+pub trait Reply<C> {
+    /// Encodes with `C`.
+    fn encode_with(&self) -> Result<Bytes, BoxError>;
+}
+
+impl<C: Encode<T>, T> Reply<C> for T {
+    #[inline]
+    fn encode_with(&self) -> Result<Bytes, BoxError> {
+        C::encode(self)
+    }
+}
 
 /// Splits a handler's return value into success or failure (autoref:
 /// `Result<_, E>` first, any other type is success).
@@ -208,12 +237,23 @@ impl<T> ReplyKind<T> {
     pub fn of(_: &T) -> Self {
         ReplyKind(PhantomData)
     }
+
+    /// The selector for `T`.
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        ReplyKind(PhantomData)
+    }
 }
 
 /// `()`: no reply; raw types: the bytes as they are.
 pub trait RawReply<T> {
     /// Encodes.
     fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError>;
+
+    /// The reply's content type: none.
+    fn content_type<C>(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 impl RawReply<()> for &ReplyKind<()> {
@@ -245,15 +285,20 @@ pub trait CodecReply<T> {
     /// Encodes.
     fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError>
     where
-        T: Reply;
+        T: Reply<C>;
+
+    /// The reply's content type: the codec's.
+    fn content_type<C: Codec>(&self) -> Option<&'static str> {
+        Some(C::CONTENT_TYPE)
+    }
 }
 
 impl<T> CodecReply<T> for ReplyKind<T> {
     fn encode_reply<C: Codec>(&self, value: T) -> Result<Option<Bytes>, BoxError>
     where
-        T: Reply,
+        T: Reply<C>,
     {
-        C::encode(&value).map(Some)
+        value.encode_with().map(Some)
     }
 }
 

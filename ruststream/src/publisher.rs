@@ -4,19 +4,18 @@
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::binding::{Broker, Requester};
+use crate::codec::{Decode, Encode};
 use crate::outgoing::Outgoing;
-use crate::{Codec, Envelope, Error, Json, Message, Result};
+use crate::{Codec, Envelope, Json, Message, Result};
 
 /// A typed publisher on broker `B` with codec `C` (JSON by default).
 ///
 /// Every send is exactly one binding operation: where the broker's
 /// queue is full it waits for space until the send's deadline and then fails
-/// with [`Error::DeadlineExceeded`] — never retried, never re-targeted.
+/// with [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded) — never retried, never re-targeted.
 /// A waiting send holds no job permit and no execution slot: other
 /// deliveries keep running. Requests do not wait for queue space on the
 /// reply side: replies complete the caller directly.
@@ -120,12 +119,20 @@ impl<B: Broker, C: Codec> Publisher<B, C> {
     /// Encodes `value` into a message, ready for metadata
     /// ([`Message::with_header`], [`with_key`](Message::with_key),
     /// [`with_correlation_id`](Message::with_correlation_id)).
-    pub fn encode<T: Serialize + ?Sized>(&self, value: &T) -> Result<Message> {
-        C::encode(value).map(Message::new).map_err(Error::Encode)
+    /// The message carries the codec's content type in its `content-type`
+    /// header.
+    pub fn encode<T: ?Sized>(&self, value: &T) -> Result<Message>
+    where
+        C: Encode<T>,
+    {
+        crate::codec::encode_message::<C, T>(value)
     }
 
     /// Encodes `value` and publishes it to `subject`.
-    pub async fn publish<T: Serialize + ?Sized>(&self, subject: &str, value: &T) -> Result<()> {
+    pub async fn publish<T: ?Sized>(&self, subject: &str, value: &T) -> Result<()>
+    where
+        C: Encode<T>,
+    {
         let message = self.encode(value)?;
         self.send(subject, message).await
     }
@@ -157,9 +164,9 @@ impl<B: Broker, C: Codec> Publisher<B, C> {
 
 impl<B: Requester, C: Codec> Publisher<B, C> {
     /// Sends `value` as a request and decodes the reply. Failures of the
-    /// other side come back as their own variants: [`Error::Protocol`] (the
-    /// request could not be decoded there), [`Error::Handler`],
-    /// [`Error::StructuralLimit`]; no reply in time is [`Error::Timeout`].
+    /// other side come back as their own variants: [`Error::Protocol`](crate::Error::Protocol) (the
+    /// request could not be decoded there), [`Error::Handler`](crate::Error::Handler),
+    /// [`Error::StructuralLimit`](crate::Error::StructuralLimit); no reply in time is [`Error::Timeout`](crate::Error::Timeout).
     ///
     /// ```
     /// use std::time::Duration;
@@ -182,12 +189,12 @@ impl<B: Requester, C: Codec> Publisher<B, C> {
     /// ```
     pub async fn request<T, R>(&self, subject: &str, value: &T, timeout: Duration) -> Result<R>
     where
-        T: Serialize + ?Sized,
-        R: DeserializeOwned,
+        T: ?Sized,
+        C: Encode<T> + Decode<R>,
     {
         let message = self.encode(value)?;
         let reply = self.request_message(subject, message, timeout).await?;
-        C::decode(reply.payload()).map_err(Error::Decode)
+        crate::codec::decode_reply::<C, R>(&reply)
     }
 
     /// Sends a prepared message as a request; the reply's status is mapped

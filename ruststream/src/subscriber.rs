@@ -214,6 +214,26 @@ impl SubscriberConfig {
         &self.subject
     }
 
+    /// The same settings on another subject: one read from the environment,
+    /// or a name of its own per test run.
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// #[subscriber("orders")]
+    /// async fn confirm(_order: Bytes) {}
+    ///
+    /// let subject = std::env::var("ORDERS_SUBJECT").unwrap_or_else(|_| "orders.eu".into());
+    /// let app = App::new()
+    ///     .broker(MemoryBroker::new())
+    ///     .subscriber(confirm.configure(|c| c.on_subject(subject)));
+    /// # drop(app);
+    /// ```
+    pub fn on_subject(mut self, subject: impl Into<Text>) -> Self {
+        self.subject = subject.into();
+        self
+    }
+
     /// The retry budget.
     pub fn retry_budget(&self) -> u32 {
         self.max_attempts
@@ -462,6 +482,21 @@ pub trait Subscriber: Send + Sync + 'static {
     /// (for `#[subscriber]`, the path of the function).
     fn name(&self) -> &'static str {
         std::any::type_name::<Self>()
+    }
+
+    /// The content type [`decode`](Self::decode) reads. A delivery whose
+    /// `content-type` header names another is malformed: it never reaches
+    /// the handler. `None` (the default) takes any. `#[subscriber]` answers
+    /// its codec's, or `None` for a raw body (`Bytes`, `String`, `Vec<u8>`).
+    fn content_type(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The content type of the replies [`handle`](Self::handle) encodes,
+    /// set on each reply's `content-type` header; `None` (the default) sets
+    /// none. `#[subscriber]` answers its codec's, or `None` for a raw reply.
+    fn reply_content_type(&self) -> Option<&'static str> {
+        None
     }
 }
 

@@ -66,6 +66,21 @@ impl FollowUps {
         self.lock().retry
     }
 
+    /// Continuations waiting for the ack (for tests).
+    #[cfg(feature = "testing")]
+    pub(crate) fn pending(&self) -> usize {
+        self.lock().continuations.len()
+    }
+
+    /// Settles as acked and hands the continuations over instead of
+    /// spawning them (for tests, which run them in place).
+    #[cfg(feature = "testing")]
+    pub(crate) fn take_pending(&self) -> Vec<Continuation> {
+        let mut state = self.lock();
+        state.acked = Some(true);
+        std::mem::take(&mut state.continuations)
+    }
+
     /// The delivery is settled: start the continuations if it was acked,
     /// drop them otherwise.
     pub(crate) fn settled(&self, acked: bool) {

@@ -1,7 +1,8 @@
 //! Faults on Kafka (librdkafka's mock cluster, in this process; app
 //! processes reach it by its loopback address): an app killed mid-stream
 //! with `workers(8)` settling out of order, a rebalance while records are
-//! in flight, and the only broker going down and coming back.
+//! in flight, the only broker going down and coming back, and a record
+//! whose handler aborts its process every time (a crash loop).
 //!
 //! At-least-once, stated as the issue does: every record is handled at
 //! least once, and no committed offset is ever past a record that was not
@@ -21,11 +22,14 @@ use kafka_mock::MockKafka;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use ruststream::bytes::Bytes;
+use ruststream::codec::Decode;
 use ruststream::kafka::KafkaBroker;
 use ruststream::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
-use ruststream::{App, BoxError, Broker, Codec, Json, Message};
+use ruststream::{
+    App, BoxError, Broker, Delivery, Json, Message, SubscribeOptions, Subscription, header,
+};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 async fn broker(bootstrap: &str) -> KafkaBroker {
     KafkaBroker::builder()
@@ -72,13 +76,19 @@ impl SendSubscriber for Jittery {
     }
 }
 
-/// The app process: `Jittery` on the cluster at the spec's url.
+/// The app process: `Jittery` on the cluster at the spec's url, or the
+/// common fault app (`faults::Recorder`) when the spec asks for it
+/// (`extra["recorder"]`).
 #[test]
 #[ignore = "the app process of the fault tests, run by them"]
 fn app_process() {
     let Some(spec) = AppSpec::from_env() else {
         return;
     };
+    if spec.extra.contains_key("recorder") {
+        spec.serve(|| broker(&spec.url));
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -281,4 +291,51 @@ async fn the_broker_down_and_back_mid_stream_loses_no_job() {
         "kafka broker down 2 s mid-stream: 200 jobs handled, {} twice or more, all {:?} after it was back",
         run.duplicates, run.recovered
     );
+}
+
+/// A job whose handler aborts its process every time (`crash-1`, between
+/// `good-a` and `good-b`, all on partition 0): each app instance of the
+/// group dies on it. Commits count each hand-out before the handler
+/// starts, so the instance that gets it past `max_attempts` (3) — after
+/// three crashes — dead-letters it before the handler, with the reason;
+/// the jobs around it are handled, and nothing else is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_ends_in_the_dead_letter_after_max_attempts() {
+    let mock = MockKafka::start(1);
+    let bootstrap = mock.bootstrap();
+    let kafka = broker(&bootstrap).await;
+    let mut spec = AppSpec::new(&bootstrap, "crashes", "workers");
+    spec.dead_letter = Some("crashes.dead".to_owned());
+    spec.extra.insert("recorder".to_owned(), String::new());
+    let mut dead = dead_letters(&kafka, "crashes.dead").await;
+    let publish = || async {
+        for id in ["good-a", "crash-1", "good-b"] {
+            let message = Message::new(job(id));
+            kafka
+                .publish_message("crashes", message, None)
+                .await
+                .unwrap();
+        }
+    };
+    let reason = faults::crash_loop(&spec, publish, &mut dead).await;
+    assert!(reason.contains("attempts exhausted"), "{reason}");
+    assert!(reason.contains("max_attempts 3"), "{reason}");
+}
+
+/// The payload and reason of every record on `topic` from now on (a
+/// fan-out subscription of the test's own).
+async fn dead_letters(kafka: &KafkaBroker, topic: &str) -> UnboundedReceiver<(Vec<u8>, String)> {
+    let mut letters = kafka.subscribe(SubscribeOptions::new(topic)).await.unwrap();
+    let (tx, rx) = unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(letter) = letters.next().await {
+            let env = letter.envelope();
+            let reason = env.headers().get(header::ERROR).unwrap_or("").to_owned();
+            if tx.send((env.payload().to_vec(), reason)).is_err() {
+                break;
+            }
+            let _ = letter.ack().await;
+        }
+    });
+    rx
 }

@@ -1,8 +1,8 @@
 //! The Kafka binding against librdkafka's mock cluster (a Kafka-protocol
 //! server inside the test process, see `kafka_mock`): the conformance
-//! suite, offsets that follow out-of-order acks, the dead-letter topic's
-//! content, receive flow, publish deadlines and size limits, and a
-//! request served by an app.
+//! suite, offsets that follow out-of-order acks, commits the group
+//! refuses, the dead-letter topic's content, receive flow, publish
+//! deadlines and size limits, and a request served by an app.
 //!
 //! The mock cluster starts with each test; nothing needs to be running.
 
@@ -163,7 +163,8 @@ async fn the_committed_offset_stops_at_the_first_unsettled_record() {
         d.ack().await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // (0 itself is committed as it is handed out, counting the handout.)
+    // (0 itself is committed before it is handed out, with the bound of
+    // what may be handed out.)
     let at = committed(&bootstrap, &group, &topic).unwrap_or(0);
     assert_eq!(at, 0, "committed past the unsettled 0");
     // 0 settled: commit 1, never past the unsettled 1.
@@ -397,4 +398,47 @@ async fn an_unsettled_record_of_a_departed_member_comes_back_counted() {
     assert_eq!(text(&again), "orphan");
     assert_eq!(again.envelope().attempt(), 2, "the handout was counted");
     again.ack().await.unwrap();
+}
+
+/// A commit the group refuses (as it does while a rebalance is in
+/// progress) never lets a record out: the commit that must record the
+/// hand-out bound before the first record goes out is refused, the
+/// record is read again, and it goes out once a commit is taken. Every
+/// record is handed out once, as attempt 1, and the committed offset
+/// follows the acks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_commit_reads_the_record_again_and_hands_it_out_once() {
+    common::install_metrics();
+    let mock = MockKafka::start(1);
+    let bootstrap = mock.bootstrap();
+    let kafka = kafka_at(&bootstrap).await;
+    let topic = unique("refused.");
+    let mut sub = kafka
+        .subscribe(SubscribeOptions::new(topic.as_str()).queue_group("w"))
+        .await
+        .unwrap();
+    mock.refuse_commits(2);
+    for i in 0..3 {
+        kafka
+            .publish_message(&topic, Message::new(i.to_string()), None)
+            .await
+            .unwrap();
+    }
+    for i in 0..3 {
+        let d = within(15, "the next record", sub.next()).await.unwrap();
+        assert_eq!(text(&d), i.to_string());
+        assert_eq!(d.envelope().attempt(), 1, "handed out once");
+        d.ack().await.unwrap();
+    }
+    let refused = common::counter(
+        ruststream::metrics::CONNECTION_EVENTS,
+        "event",
+        "commit_failed",
+    );
+    // (librdkafka may retry a refused commit once before it fails it.)
+    assert!(refused >= 1, "no commit was refused");
+    let group = format!("w@{topic}");
+    committed_reaches(&bootstrap, &group, &topic, 3).await;
+    let extra = tokio::time::timeout(Duration::from_millis(300), sub.next()).await;
+    assert!(extra.is_err(), "a record came twice");
 }

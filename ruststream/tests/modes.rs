@@ -445,7 +445,7 @@ impl ruststream::subscriber::Subscriber for Counter {
     }
 
     fn decode(&self, payload: &Bytes) -> Result<u32, ruststream::BoxError> {
-        <ruststream::Json as ruststream::Codec>::decode(payload)
+        <ruststream::Json as ruststream::codec::Decode<_>>::decode(payload)
     }
 
     fn key(&self, body: &u32, _: &ruststream::Envelope) -> u64 {

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use common::{counter, install_metrics, within};
 use ruststream::prelude::*;
+#[cfg(feature = "testing")]
+use ruststream::testing::TestApp;
 use ruststream::{Error, SubscribeOptions, Verdict, header, metrics};
 use tokio::sync::Notify;
 
@@ -191,39 +193,36 @@ async fn failing_handler_is_redelivered_until_max_attempts_then_dead_lettered() 
     assert_eq!(counter(metrics::HANDLER_ERRORS, "subject", "flaky.jobs"), 3);
 }
 
+#[cfg(feature = "testing")]
 static REJECT_CALLS: AtomicU32 = AtomicU32::new(0);
 
+#[cfg(feature = "testing")]
 #[subscriber("reject.jobs", dead_letter = "reject.dlq", max_attempts = 5)]
 async fn rejects(_job: String) -> Result<(), HandlerError> {
     REJECT_CALLS.fetch_add(1, Ordering::SeqCst);
     Err(HandlerError::reject("invalid forever"))
 }
 
+/// On `TestApp`: what was dead-lettered and how often the handler ran.
+#[cfg(feature = "testing")]
 #[tokio::test]
 async fn explicit_reject_dead_letters_at_once() {
-    let broker = MemoryBroker::new();
-    let mut dlq = broker
-        .subscribe(SubscribeOptions::new("reject.dlq"))
-        .await
-        .unwrap();
-    let running = App::new()
-        .broker(broker.clone())
-        .subscriber(rejects)
-        .start()
-        .await
-        .unwrap();
-    broker
-        .publish_message("reject.jobs", Message::new("j"), None)
-        .await
-        .unwrap();
-    let dead = within(5, "dead letter", dlq.next()).await.unwrap();
-    assert_eq!(dead.envelope().headers().get(header::ATTEMPT), Some("1"));
-    running.shutdown().await.unwrap();
+    let app = App::new().broker(MemoryBroker::new()).subscriber(rejects);
+    let test = TestApp::start(app).await.unwrap();
+    test.send("reject.jobs", Message::new("j")).await.unwrap();
+    test.settle().await;
+    let dead = test.dead_lettered("reject.jobs");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].envelope.headers().get(header::ATTEMPT), Some("1"));
+    assert_eq!(test.calls("rejects").len(), 1, "never retried");
+    test.shutdown().await.unwrap();
     assert_eq!(REJECT_CALLS.load(Ordering::SeqCst), 1);
 }
 
+#[cfg(feature = "testing")]
 static PANIC_SEEN: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
 
+#[cfg(feature = "testing")]
 #[subscriber("panicky.jobs", dead_letter = "panicky.dlq", max_attempts = 2)]
 async fn panics_on_boom(job: String, ctx: Ctx) -> String {
     PANIC_SEEN
@@ -236,39 +235,27 @@ async fn panics_on_boom(job: String, ctx: Ctx) -> String {
     format!("done {job}")
 }
 
+#[cfg(feature = "testing")]
 #[tokio::test]
 async fn a_panicking_handler_does_not_stop_the_loop() {
-    let broker = MemoryBroker::new();
-    let mut dlq = broker
-        .subscribe(SubscribeOptions::new("panicky.dlq"))
+    let app = App::new()
+        .broker(MemoryBroker::new())
+        .subscriber(panics_on_boom);
+    let test = TestApp::start(app).await.unwrap();
+    test.send("panicky.jobs", Message::new("boom"))
         .await
         .unwrap();
-    let running = App::new()
-        .broker(broker.clone())
-        .subscriber(panics_on_boom)
-        .start()
-        .await
-        .unwrap();
-    broker
-        .publish_message("panicky.jobs", Message::new("boom"), None)
-        .await
-        .unwrap();
-    let dead = within(5, "panicking message dead-lettered", dlq.next())
-        .await
-        .unwrap();
-    assert!(
-        dead.envelope()
-            .headers()
-            .get(header::ERROR)
-            .unwrap()
-            .contains("handler bug")
-    );
-    let reply = broker
+    test.settle().await;
+    let dead = test.dead_lettered("panicky.jobs");
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].reason.contains("handler bug"), "{}", dead[0].reason);
+    let reply = test
+        .publisher()
         .request_message("panicky.jobs", Message::new("fine"), Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(reply.payload(), "done fine".as_bytes());
-    running.shutdown().await.unwrap();
+    test.shutdown().await.unwrap();
     let seen = PANIC_SEEN.lock().unwrap().clone();
     assert_eq!(
         seen,

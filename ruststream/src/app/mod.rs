@@ -1,5 +1,7 @@
 //! The application: brokers, subscribers and the runtime that drives them.
 
+#[cfg(feature = "prometheus")]
+mod endpoints;
 mod hooks;
 mod register;
 mod running;
@@ -71,6 +73,8 @@ pub struct App<B = NoBroker> {
     shutdown_timeout: Option<Duration>,
     /// Mistakes the builder cannot refuse by type, reported by `start`.
     mistakes: Vec<Error>,
+    /// Where to serve `/metrics`, `/health` and `/ready`, if anywhere.
+    endpoints: Option<std::net::SocketAddr>,
 }
 
 impl App<NoBroker> {
@@ -89,6 +93,7 @@ impl App<NoBroker> {
             jobs: JobQueueSettings::default(),
             shutdown_timeout: None,
             mistakes: Vec::new(),
+            endpoints: None,
         }
     }
 }
@@ -118,7 +123,44 @@ impl<B> App<B> {
             jobs: self.jobs,
             shutdown_timeout: self.shutdown_timeout,
             mistakes: self.mistakes,
+            endpoints: self.endpoints,
         }
+    }
+
+    /// The same app on `broker` alone: every subscriber rebound to it, every
+    /// registered broker replaced by it (`TestApp`). Also returns the dead
+    /// letter subjects of the subscribers, to watch.
+    #[cfg(feature = "testing")]
+    pub(crate) fn on_memory(
+        self,
+        broker: crate::MemoryBroker,
+    ) -> (App<crate::MemoryBroker>, Vec<crate::Text>) {
+        let dead_letters = self
+            .units
+            .iter()
+            .filter_map(|unit| unit.config().dead_letter.clone())
+            .collect();
+        let units = self
+            .units
+            .into_iter()
+            .map(|unit| unit.rebind(broker.clone()))
+            .collect();
+        let app = App {
+            current: broker.clone(),
+            brokers: vec![Arc::new(broker)],
+            units,
+            layers: self.layers,
+            middleware: self.middleware,
+            on_publish: self.on_publish,
+            hooks: self.hooks,
+            state: self.state,
+            after_ack: self.after_ack,
+            jobs: self.jobs,
+            shutdown_timeout: self.shutdown_timeout,
+            mistakes: self.mistakes,
+            endpoints: self.endpoints,
+        };
+        (app, dead_letters)
     }
 
     /// Sizes the application job queue: one permit per record taken
@@ -369,8 +411,37 @@ impl<B: Broker> App<B> {
             hooks: self.hooks,
             app,
             shutdown_timeout: self.shutdown_timeout,
+            endpoints: self.endpoints,
         })
         .await
+    }
+
+    /// Serves, from [`start`](Self::start) until the end of the shutdown,
+    /// on `addr`: `/metrics` (every metric in the Prometheus text format;
+    /// the first app to serve installs the process's recorder), `/health`
+    /// (200 while the process answers) and `/ready` (200 once every
+    /// subscription started, 503 from the moment the shutdown begins). An
+    /// address that cannot be bound is a startup error. Port 0 picks a free
+    /// port: [`RunningApp::metrics_addr`] tells which.
+    ///
+    /// ```
+    /// use ruststream::prelude::*;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let running = App::new()
+    ///     .broker(MemoryBroker::new())
+    ///     .serve_metrics(([127, 0, 0, 1], 0))
+    ///     .start()
+    ///     .await?;
+    /// let addr = running.metrics_addr().unwrap();
+    /// # let _ = addr;
+    /// running.shutdown().await?;
+    /// # Ok::<_, ruststream::Error>(()) }).unwrap();
+    /// ```
+    #[cfg(feature = "prometheus")]
+    pub fn serve_metrics(mut self, addr: impl Into<std::net::SocketAddr>) -> Self {
+        self.endpoints = Some(addr.into());
+        self
     }
 
     /// Starts the app and runs it until SIGINT or SIGTERM (or a shutdown

@@ -38,6 +38,9 @@ pub(crate) trait StartUnit: Send {
     /// The name of the broker it is bound to.
     fn broker_name(&self) -> &'static str;
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>>;
+    /// The same subscriber bound to an in-process broker instead (tests).
+    #[cfg(feature = "testing")]
+    fn rebind(self: Box<Self>, broker: crate::MemoryBroker) -> Box<dyn StartUnit>;
 }
 
 /// A subscriber bound to its broker (opaque; made by [`IntoSubscriber`]).
@@ -116,6 +119,15 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
         Broker::name(&self.broker)
     }
 
+    #[cfg(feature = "testing")]
+    fn rebind(self: Box<Self>, broker: crate::MemoryBroker) -> Box<dyn StartUnit> {
+        Box::new(SendUnit {
+            broker,
+            subscriber: self.subscriber,
+            config: self.config,
+        })
+    }
+
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
             let mode = self.config.mode;
@@ -166,6 +178,15 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
 
     fn broker_name(&self) -> &'static str {
         Broker::name(&self.broker)
+    }
+
+    #[cfg(feature = "testing")]
+    fn rebind(self: Box<Self>, broker: crate::MemoryBroker) -> Box<dyn StartUnit> {
+        Box::new(LocalUnit {
+            broker,
+            subscriber: self.subscriber,
+            config: self.config,
+        })
     }
 
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {

@@ -48,6 +48,62 @@ pub struct RunningApp {
     on_shutdown: Mutex<Vec<hooks::Hook>>,
     after_shutdown: Mutex<Vec<hooks::Hook>>,
     shutdown_timeout: Option<Duration>,
+    served: Served,
+}
+
+/// The app's HTTP endpoints while it runs (nothing without the
+/// `prometheus` feature or `serve_metrics`).
+#[derive(Default)]
+struct Served {
+    #[cfg(feature = "prometheus")]
+    running: Option<(
+        tokio::task::JoinHandle<()>,
+        super::endpoints::Readiness,
+        Option<std::net::SocketAddr>,
+    )>,
+}
+
+impl Served {
+    #[cfg_attr(not(feature = "prometheus"), allow(clippy::unused_async))]
+    async fn bind(addr: Option<std::net::SocketAddr>, app: &AppHandle) -> Result<Served> {
+        #[cfg(feature = "prometheus")]
+        if let Some(addr) = addr {
+            let endpoints = super::endpoints::Endpoints::bind(addr).await?;
+            let local = endpoints.local_addr();
+            let readiness = endpoints.readiness();
+            let task = endpoints.spawn(app.clone());
+            return Ok(Served {
+                running: Some((task, readiness, local)),
+            });
+        }
+        let _ = (addr, app);
+        Ok(Served::default())
+    }
+
+    /// Every subscription started: `/ready` answers 200.
+    fn ready(&self) {
+        #[cfg(feature = "prometheus")]
+        if let Some((_, readiness, _)) = &self.running {
+            readiness.set(true);
+        }
+    }
+
+    fn addr(&self) -> Option<std::net::SocketAddr> {
+        #[cfg(feature = "prometheus")]
+        if let Some((_, _, addr)) = &self.running {
+            return *addr;
+        }
+        None
+    }
+
+    /// The shutdown is over: stop serving.
+    fn stop(&self) {
+        #[cfg(feature = "prometheus")]
+        if let Some((task, readiness, _)) = &self.running {
+            readiness.set(false);
+            task.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for RunningApp {
@@ -72,6 +128,7 @@ pub(crate) struct Parts {
     pub(crate) hooks: Hooks,
     pub(crate) app: AppHandle,
     pub(crate) shutdown_timeout: Option<Duration>,
+    pub(crate) endpoints: Option<std::net::SocketAddr>,
 }
 
 impl RunningApp {
@@ -84,11 +141,13 @@ impl RunningApp {
             hooks,
             app,
             shutdown_timeout,
+            endpoints,
         } = parts;
         for unit in &units {
             unit.config().validate()?;
             check_state(&app, unit.config(), unit.requires())?;
         }
+        let served = Served::bind(endpoints, &app).await?;
         hooks::run(hooks.on_startup, &app, "on_startup", true).await?;
         let stop = Stop::default();
         let abort = CancellationToken::new();
@@ -101,6 +160,7 @@ impl RunningApp {
             on_shutdown: Mutex::new(hooks.on_shutdown),
             after_shutdown: Mutex::new(hooks.after_shutdown),
             shutdown_timeout,
+            served,
         };
         for unit in units {
             let subject = unit.config().subject().to_string();
@@ -134,6 +194,7 @@ impl RunningApp {
             let _ = running.shutdown().await;
             return Err(err);
         }
+        running.served.ready();
         Ok(running)
     }
 
@@ -147,6 +208,12 @@ impl RunningApp {
     /// type `B` (see [`AppHandle::publisher`]).
     pub fn publisher<B: crate::Broker>(&self) -> Option<crate::Publisher<B>> {
         self.app.publisher::<B>()
+    }
+
+    /// Where `/metrics`, `/health` and `/ready` are served
+    /// ([`App::serve_metrics`](crate::App::serve_metrics)), if they are.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.served.addr()
     }
 
     /// The app as handlers see it: shared state, shutdown requests.
@@ -261,6 +328,7 @@ impl RunningApp {
             first_error.get_or_insert(err);
         }
         timer.abort();
+        self.served.stop();
         tracing::info!("app stopped");
         first_error.map_or(Ok(()), Err)
     }

@@ -197,6 +197,12 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 verdict => return Checked::Early(Early::Layer(verdict)),
             }
         }
+        if let Some(expected) = self.subscriber.content_type()
+            && let Some(got) = env.headers().get(header::CONTENT_TYPE)
+            && !crate::codec::same_media_type(got, expected)
+        {
+            return Checked::Early(Early::Malformed(wrong_content_type(got, expected)));
+        }
         match self.subscriber.decode(env.payload()) {
             Ok(body) => Checked::Body(body),
             Err(err) => Checked::Early(Early::Malformed(err)),
@@ -256,7 +262,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             self.config.max_attempts
         );
         tracing::error!(subject = %delivery.envelope().subject(), attempt, "{reason}; message rejected before the handler");
-        self.reply(&delivery, error_reply(&reason), "handler-error")
+        self.reply(&delivery, error_reply(&reason), Some("handler-error"))
             .await;
         metrics::rejected(&self.config.subject);
         self.settled(delivery.reject(&reason).await);
@@ -289,7 +295,14 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         match outcome {
             Outcome::Ack(reply) => {
                 if let Some(reply) = reply {
-                    self.reply(&delivery, Message::new(reply), "ok").await;
+                    let mut reply = Message::new(reply);
+                    if let Some(content_type) = self.subscriber.reply_content_type() {
+                        reply.headers_mut().insert(
+                            Text::from_static(header::CONTENT_TYPE),
+                            Text::from_static(content_type),
+                        );
+                    }
+                    self.reply(&delivery, reply, None).await;
                 }
                 // Follow-ups start after the ack (RT-8): keep what they need.
                 let env = (retry.is_some() || self.app.has_after_ack())
@@ -345,7 +358,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             "payload refused before the handler"
         );
         let reason = err.to_string();
-        self.reply(&delivery, error_reply(&reason), "protocol-error")
+        self.reply(&delivery, error_reply(&reason), Some("protocol-error"))
             .await;
         metrics::rejected(&self.config.subject);
         self.settled(delivery.reject(&reason).await);
@@ -359,7 +372,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     pub(crate) async fn refuse<D: Delivery>(&self, delivery: D, reason: &str) {
         metrics::structural_reject(&self.config.subject);
         tracing::warn!(subject = %self.config.subject, reason, "request refused by a structural limit");
-        self.reply(&delivery, error_reply(reason), "structural-limit")
+        self.reply(&delivery, error_reply(reason), Some("structural-limit"))
             .await;
         self.settled(delivery.ack().await);
     }
@@ -396,7 +409,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         } else {
             format!("handler failed at attempt {attempt}: {err}")
         };
-        self.reply(&delivery, error_reply(&reason), "handler-error")
+        self.reply(&delivery, error_reply(&reason), Some("handler-error"))
             .await;
         metrics::rejected(&self.config.subject);
         self.settled(delivery.reject(&reason).await);
@@ -408,13 +421,22 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
 
     /// Publishes a reply when the delivery is a request. A reply that cannot be
     /// published is logged: the caller's own timeout reports it.
-    async fn reply<D: Delivery>(&self, delivery: &D, message: Message, status: &'static str) {
+    /// A failed reply carries its `status`; a successful one none.
+    async fn reply<D: Delivery>(
+        &self,
+        delivery: &D,
+        mut message: Message,
+        status: Option<&'static str>,
+    ) {
         let env = delivery.envelope();
         let Some(reply_to) = env.reply_to() else {
             return;
         };
-        let mut message =
-            message.with_header(Text::from_static(header::STATUS), Text::from_static(status));
+        if let Some(status) = status {
+            message
+                .headers_mut()
+                .insert(Text::from_static(header::STATUS), Text::from_static(status));
+        }
         if let Some(id) = env.correlation_id() {
             message = message.with_correlation_id(id.clone());
         }
@@ -441,6 +463,14 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
 #[cold]
 fn panicked(panic: Box<dyn Any + Send>) -> Outcome {
     Outcome::Failed(HandlerError::panic(panic_message(&*panic)))
+}
+
+/// Out of line: the error of a delivery in a format the subscriber does not
+/// read.
+#[cold]
+#[inline(never)]
+fn wrong_content_type(got: &str, expected: &str) -> BoxError {
+    format!("content type `{got}`, and this subscriber reads `{expected}`").into()
 }
 
 fn error_reply(reason: &str) -> Message {

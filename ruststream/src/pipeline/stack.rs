@@ -43,6 +43,7 @@ impl<S: SendSubscriber> Service<Request> for Handler<S> {
         let subscriber = Arc::clone(&self.0);
         Box::pin(async move {
             let Request {
+                handler: _,
                 envelope,
                 body,
                 app,
@@ -91,6 +92,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         let called = {
             let call = pin!(call(
                 service,
+                self.subscriber.name(),
                 delivery.envelope(),
                 body,
                 &self.app,
@@ -113,6 +115,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
 /// error: retried up to the attempts, never acked.
 async fn call(
     service: &HandlerService,
+    handler: &'static str,
     envelope: &Envelope,
     body: Box<dyn Any + Send>,
     app: &AppHandle,
@@ -120,6 +123,7 @@ async fn call(
 ) -> (Outcome, Arc<FollowUps>) {
     let follow_ups = Arc::new(FollowUps::new(app.clone()));
     let request = Request {
+        handler,
         envelope: envelope.clone(),
         body,
         app: app.clone(),

@@ -13,8 +13,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use ruststream::bytes::Bytes;
+use ruststream::codec::Decode;
 use ruststream::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
-use ruststream::{App, BoxError, Broker, Codec, Envelope, Json, Message, RunningApp};
+use ruststream::{App, BoxError, Broker, Envelope, Json, Message, RunningApp};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};

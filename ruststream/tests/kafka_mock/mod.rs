@@ -76,4 +76,21 @@ impl MockKafka {
             .broker_up(id)
             .unwrap();
     }
+
+    /// The group refuses the next `n` offset commits, as it does while a
+    /// rebalance is in progress.
+    #[allow(
+        dead_code,
+        reason = "used by some of the test files that include this module"
+    )]
+    pub fn refuse_commits(&self, n: usize) {
+        use rdkafka::producer::Producer;
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+        let errors = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS; n];
+        self.owner
+            .client()
+            .mock_cluster()
+            .unwrap()
+            .request_errors(RDKafkaApiKey::OffsetCommit, &errors);
+    }
 }

@@ -98,7 +98,11 @@ impl KafkaBrokerBuilder {
     /// the handlers take them (`queued.max.messages.kbytes`; default 4096,
     /// librdkafka's own default is 65536). librdkafka also caps one fetch
     /// (`fetch.max.bytes`) at this size, but never below the largest
-    /// record (`message.max.bytes`).
+    /// record (`message.max.bytes`). When the queue is full librdkafka
+    /// waits `fetch.queue.backoff.ms` before fetching again: the binding
+    /// sets it to 10 ms (librdkafka's default is 1000 ms, a visible stall
+    /// each time the handlers drain a small queue) unless a
+    /// [`property`](Self::property) sets it.
     pub fn prefetch_kbytes(mut self, kbytes: usize) -> Self {
         self.prefetch_kbytes = kbytes.max(1);
         self
@@ -163,6 +167,13 @@ impl KafkaBrokerBuilder {
             // Where a committed offset is gone (retention): the oldest
             // record left, so nothing is skipped.
             config.set("auto.offset.reset", "earliest");
+        }
+        if config.get("fetch.queue.backoff.ms").is_none() {
+            // When its prefetch queue counts as full, librdkafka waits this
+            // long before fetching again (default 1000 ms): with a small
+            // `prefetch_kbytes` a second's stall each time the handlers
+            // drain the queue.
+            config.set("fetch.queue.backoff.ms", "10");
         }
         let kbytes = self.prefetch_kbytes;
         config

@@ -58,9 +58,12 @@ impl KafkaDelivery {
 
     /// Marks the record settled in its window.
     fn settle(&self) {
-        if let Some(at) = &self.at
-            && at.window.settle(at.offset)
-        {
+        let Some(at) = &self.at else { return };
+        let settled = at.window.settle(at.offset);
+        if settled.wake {
+            self.shared.handout.notify_one();
+        }
+        if settled.grew {
             self.shared.settled();
         }
     }

@@ -22,7 +22,8 @@ use rdkafka::error::KafkaResult;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use super::offsets::{self, Commit, PartitionAcks};
+use super::commits::Mark;
+use super::offsets::{Commit, PartitionAcks};
 
 /// How long a rebalance waits for the group's committed offsets.
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(10);
@@ -73,15 +74,19 @@ impl GroupContext {
             .map(|((topic, _), acks)| (Arc::clone(topic), Arc::clone(acks)))
     }
 
-    /// The settled prefixes that moved since the last commit.
-    pub(crate) fn commits_due(&self) -> TopicPartitionList {
+    /// The settled prefixes that moved since the last commit, and their
+    /// windows (each to be told [`PartitionAcks::enqueued`] once the
+    /// commit is with librdkafka).
+    pub(crate) fn commits_due(&self) -> (TopicPartitionList, Vec<Arc<PartitionAcks>>) {
         let mut tpl = TopicPartitionList::new();
+        let mut taken = Vec::new();
         for ((topic, partition), acks) in self.windows().iter() {
-            if let Some(offset) = acks.take_commit() {
-                let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(offset));
+            if let Some(commit) = acks.take_commit() {
+                add_commit(&mut tpl, topic, *partition, &commit);
+                taken.push(Arc::clone(acks));
             }
         }
-        tpl
+        (tpl, taken)
     }
 
     fn assigned(&self, consumer: &BaseConsumer<Self>, tpl: &mut TopicPartitionList) {
@@ -97,20 +102,17 @@ impl GroupContext {
         let mut windows = self.windows();
         for elem in committed.elements() {
             let (topic, partition) = (elem.topic(), elem.partition());
-            let (start, delivered) = match elem.offset() {
-                Offset::Offset(at) => (Offset::Offset(at), offsets::attempts_in(elem.metadata())),
+            let (start, mark) = match elem.offset() {
+                Offset::Offset(at) => (Offset::Offset(at), Mark::decode(elem.metadata())),
                 _ => match ends.get(&(topic.to_owned(), partition)) {
-                    Some(&end) => (Offset::Offset(end), 0),
-                    None => (Offset::Beginning, 0),
+                    Some(&end) => (Offset::Offset(end), Mark::default()),
+                    None => (Offset::Beginning, Mark::default()),
                 },
             };
             let _ = tpl.set_partition_offset(topic, partition, start);
             windows.insert(
                 (topic.into(), partition),
-                Arc::new(PartitionAcks::new(
-                    start.to_raw().filter(|o| *o >= 0),
-                    delivered,
-                )),
+                Arc::new(PartitionAcks::new(start.to_raw().filter(|o| *o >= 0), mark)),
             );
         }
     }

@@ -23,9 +23,13 @@
 //!   crash. `reject` copies the record to the dead-letter topic with the
 //!   reason, the original topic, partition and offset.
 //! * Records a crashed or departed member had handed out come back from
-//!   the committed offset; the commit metadata counts how often the record
-//!   at the committed offset was handed out, so a record that keeps
-//!   crashing its consumer reaches `max_attempts`.
+//!   the committed offset. Every commit's metadata records how far the
+//!   member may have handed records out (at most 512 past the record at
+//!   hand, moved ahead by a confirmed commit); after a crash the next
+//!   owner hands that stretch out one record at a time, each counted in a
+//!   confirmed commit before its handler starts, so a record that keeps
+//!   crashing its consumer reaches `max_attempts` and is dead-lettered
+//!   (see `commits.rs`).
 //! * Request/reply: each broker reads replies from a reply topic of its
 //!   own, matched by correlation id.
 //!
@@ -33,6 +37,7 @@
 //! auto-creation, else through the admin API).
 
 mod builder;
+mod commits;
 mod delivery;
 mod flow;
 mod group;
@@ -51,6 +56,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use self::builder::KafkaBrokerBuilder;
 pub use self::delivery::KafkaDelivery;
@@ -82,6 +88,9 @@ struct Inner {
     subscriptions: Mutex<Vec<Weak<subscription::Shared>>>,
     /// The reply inbox, started by the first request.
     inbox: tokio::sync::Mutex<Option<Arc<reply::Inbox>>>,
+    /// Hand-out commits waiting for the group's answer: close waits for
+    /// them, so none outlives the broker (or the cluster it talks to).
+    handouts: TaskTracker,
 }
 
 impl std::fmt::Debug for KafkaBroker {
@@ -113,6 +122,7 @@ impl KafkaBrokerBuilder {
                 closing: CancellationToken::new(),
                 subscriptions: Mutex::new(Vec::new()),
                 inbox: tokio::sync::Mutex::new(None),
+                handouts: TaskTracker::new(),
             }),
         };
         let probe = broker.clone();
@@ -187,6 +197,10 @@ impl KafkaBroker {
 
     pub(crate) fn producer(&self) -> &FutureProducer {
         &self.inner.producer
+    }
+
+    pub(crate) fn handouts(&self) -> &TaskTracker {
+        &self.inner.handouts
     }
 
     /// Produces `message` to `topic` with `extra` bookkeeping headers and
@@ -305,6 +319,17 @@ impl Broker for KafkaBroker {
             return Ok(());
         }
         self.inner.closing.cancel();
+        // Subscriptions stop asking for hand-out commits once `closing` is
+        // cancelled; the ones asked for already get their answer (bounded:
+        // a cluster that does not answer is left behind).
+        self.inner.handouts.close();
+        let answered = self.inner.settings.metadata_timeout;
+        if tokio::time::timeout(answered, self.inner.handouts.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("Kafka: hand-out commits still unanswered at close");
+        }
         let subs: Vec<_> = {
             let subs = self
                 .inner

@@ -13,9 +13,11 @@ use rdkafka::{Message as _, Offset, TopicPartitionList};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
+use super::commits::{self, Gate};
 use super::delivery::{At, KafkaDelivery};
 use super::flow::KafkaFlow;
-use super::group::{self, GroupContext};
+use super::group::GroupContext;
+use super::offsets::PartitionAcks;
 use super::topics::topic_safe;
 use super::{KafkaBroker, config_error, record};
 use crate::binding::{SubscribeOptions, Subscription};
@@ -27,6 +29,10 @@ pub(crate) type Consumer_ = StreamConsumer<GroupContext>;
 
 static NEXT_FAN_OUT: AtomicU64 = AtomicU64::new(1);
 
+/// How long a subscription waits before reading a partition again after
+/// the group refused a commit (a rebalance in progress).
+const REWIND_BACKOFF: Duration = Duration::from_millis(50);
+
 /// A Kafka subscription (see [`KafkaBroker`]).
 pub struct KafkaSubscription {
     ahead: Option<KafkaDelivery>,
@@ -36,7 +42,32 @@ pub struct KafkaSubscription {
     again: mpsc::UnboundedReceiver<KafkaDelivery>,
     /// Retry copies not due yet, each holding its (paused) partition.
     held: Vec<(Instant, KafkaDelivery)>,
+    /// A record read and not yet handed out: its partition's commits must
+    /// allow it first (see `commits.rs`). Kept here so a `next` dropped
+    /// while it waits loses nothing.
+    pending: Option<Pending>,
     flow: Option<Arc<KafkaFlow>>,
+}
+
+/// A record read from librdkafka, not yet handed out.
+struct Pending {
+    received: record::Received,
+    topic: Arc<str>,
+    partition: i32,
+    offset: i64,
+    /// Its partition's window; `None` for fan-out.
+    window: Option<Arc<PartitionAcks>>,
+}
+
+/// What became of the pending record.
+enum Admit {
+    Ready(KafkaDelivery),
+    /// Dropped, or held until it is due.
+    Gone,
+    /// Its commit was refused: read the partition again from this offset.
+    Rewind(Arc<str>, i32, i64),
+    /// Waits for a commit's answer or a settlement.
+    Wait,
 }
 
 /// What a subscription's deliveries share.
@@ -51,6 +82,8 @@ pub(crate) struct Shared {
     /// Settlements since the last commit.
     settled: AtomicUsize,
     commit_due: Arc<Notify>,
+    /// Wakes a subscription whose pending record waits on its window.
+    pub(crate) handout: Arc<Notify>,
 }
 
 impl Shared {
@@ -70,13 +103,26 @@ impl Shared {
 
     /// Commits every settled prefix that moved, without waiting.
     fn commit(&self, mode: CommitMode) {
-        let due = self.context().commits_due();
+        let (due, windows) = self.context().commits_due();
         if due.count() == 0 {
             return;
         }
-        if let Err(err) = self.consumer.commit(&due, mode) {
+        let result = self.consumer.commit(&due, mode);
+        if let Err(err) = &result {
             tracing::warn!(error = %err, "Kafka offset commit failed; it is retried with the next");
             crate::metrics::connection_event("kafka", "commit_failed");
+        }
+        let mut wake = false;
+        for (window, elem) in windows.iter().zip(due.elements()) {
+            if result.is_err()
+                && let Offset::Offset(at) = elem.offset()
+            {
+                window.commit_failed(at);
+            }
+            wake |= window.enqueued();
+        }
+        if wake {
+            self.handout.notify_one();
         }
     }
 
@@ -176,6 +222,7 @@ impl KafkaSubscription {
             again: again_tx,
             settled: AtomicUsize::new(0),
             commit_due: Arc::new(Notify::new()),
+            handout: Arc::new(Notify::new()),
         });
         if shared.retry_topic.is_some() {
             tokio::spawn(commit_coalesced(
@@ -192,43 +239,108 @@ impl KafkaSubscription {
             shared,
             again,
             held: Vec::new(),
+            pending: None,
             flow,
         })
     }
 
-    /// A delivery of `record`; `None` when it must not be handed out (its
-    /// partition was revoked meanwhile, or it is a retry copy not yet due,
-    /// now held).
-    fn take(&mut self, record: &BorrowedMessage<'_>) -> Option<KafkaDelivery> {
-        let received = record::read(record);
+    /// The record, pending; `None` when it must not be handed out (a group
+    /// member's partition that is no longer assigned).
+    fn prepare(&self, record: &BorrowedMessage<'_>) -> Option<Pending> {
         let (topic, partition, offset) = (record.topic(), record.partition(), record.offset());
-        let shared = &self.shared;
-        let mut attempt = received.attempt;
-        let at = match shared.context().window(topic, partition) {
-            Some((topic, window)) if shared.retry_topic.is_some() => {
-                let (counted, first) = window.received(offset, attempt)?;
-                attempt = counted;
-                if let Some(first) = first {
-                    // Counted before a handler runs: a process that dies in
-                    // it is counted too.
-                    let mut tpl = TopicPartitionList::new();
-                    group::add_commit(&mut tpl, &topic, partition, &first);
-                    let _ = shared.consumer.commit(&tpl, CommitMode::Async);
-                }
-                Some(At { window, offset })
-            }
-            None if shared.retry_topic.is_some() => return None,
-            _ => None,
+        let (topic, window) = match self.shared.context().window(topic, partition) {
+            Some((topic, window)) if self.shared.retry_topic.is_some() => (topic, Some(window)),
+            None if self.shared.retry_topic.is_some() => return None,
+            _ => (Arc::from(topic), None),
         };
+        Some(Pending {
+            received: record::read(record),
+            topic,
+            partition,
+            offset,
+            window,
+        })
+    }
+
+    /// Asks the pending record's window whether it may go out (sending
+    /// the commit it asks for).
+    fn admit(&mut self) -> Admit {
+        let Some(pending) = &self.pending else {
+            return Admit::Gone;
+        };
+        let attempt = pending.received.attempt;
+        let gate = match &pending.window {
+            None => Gate::Open(attempt),
+            Some(window) => {
+                let (gate, commit) = window.hand_out(pending.offset, attempt);
+                if let Some(commit) = commit {
+                    let (topic, window) = (Arc::clone(&pending.topic), Arc::clone(window));
+                    commits::send(&self.shared, topic, pending.partition, window, commit);
+                }
+                gate
+            }
+        };
+        match gate {
+            Gate::Wait => Admit::Wait,
+            Gate::Open(attempt) => match self.pending.take() {
+                Some(pending) => self
+                    .deliver(pending, attempt)
+                    .map_or(Admit::Gone, Admit::Ready),
+                None => Admit::Gone,
+            },
+            Gate::Sealed => {
+                self.pending = None;
+                Admit::Gone
+            }
+            Gate::Rewind(at) => match self.pending.take() {
+                Some(pending) => Admit::Rewind(pending.topic, pending.partition, at),
+                None => Admit::Gone,
+            },
+        }
+    }
+
+    /// Reads a partition again from `offset` (a commit the record at hand
+    /// waited on was refused, typically by a rebalance in progress; a
+    /// moment later, so a refusing group is not asked in a tight loop).
+    async fn rewind(&self, topic: Arc<str>, partition: i32, offset: i64) {
+        let closing = self.shared.broker.closing().clone();
+        tokio::select! {
+            () = closing.cancelled() => return,
+            () = tokio::time::sleep(REWIND_BACKOFF) => {}
+        }
+        let consumer = Arc::clone(&self.shared.consumer);
+        let timeout = self.shared.broker.settings().metadata_timeout;
+        let sought = super::blocking(move || {
+            consumer.seek(&topic, partition, Offset::Offset(offset), timeout)
+        })
+        .await;
+        if let Err(err) = sought {
+            // A revoked partition: its next owner reads from the commit.
+            tracing::debug!(partition, offset, error = %err, "Kafka: rewinding a partition failed");
+        }
+    }
+
+    /// The delivery of a record its window let out as `attempt`; `None`
+    /// when it is a retry copy not due yet, now held.
+    fn deliver(&mut self, pending: Pending, attempt: u32) -> Option<KafkaDelivery> {
+        let Pending {
+            received,
+            topic,
+            partition,
+            offset,
+            window,
+        } = pending;
+        let shared = &self.shared;
+        let at = window.map(|window| At { window, offset });
         let subject = received.subject.unwrap_or_else(|| shared.subject.clone());
         let env = Envelope::new(subject, received.message).with_attempt(attempt);
-        let delivery = KafkaDelivery::new(env, at, (topic.into(), partition, offset), shared);
+        let delivery = KafkaDelivery::new(env, at, (Arc::clone(&topic), partition, offset), shared);
         match received
             .not_before
             .and_then(|t| t.duration_since(SystemTime::now()).ok())
         {
             Some(wait) if !wait.is_zero() => {
-                self.hold(Instant::now() + wait, delivery, topic, partition);
+                self.hold(Instant::now() + wait, delivery, &topic, partition);
                 None
             }
             _ => Some(delivery),
@@ -282,6 +394,7 @@ impl Subscription for KafkaSubscription {
         }
         let consumer = Arc::clone(&self.shared.consumer);
         let closing = self.shared.broker.closing().clone();
+        let shared = Arc::clone(&self.shared);
         loop {
             if closing.is_cancelled() {
                 return None;
@@ -291,23 +404,30 @@ impl Subscription for KafkaSubscription {
                     return Some(delivery);
                 }
             }
+            // While the record at hand waits, nothing more is read.
+            let waiting = match self.admit() {
+                Admit::Ready(delivery) => return Some(delivery),
+                Admit::Gone => false,
+                Admit::Rewind(topic, partition, at) => {
+                    self.rewind(topic, partition, at).await;
+                    continue;
+                }
+                Admit::Wait => true,
+            };
             let due = self.held.iter().map(|(due, _)| *due).min();
             let wake = due.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 biased;
                 () = closing.cancelled() => return None,
+                () = shared.handout.notified(), if waiting => {}
                 Some(delivery) = self.again.recv() => {
                     if !delivery.revoked() {
                         return Some(delivery);
                     }
                 }
                 () = tokio::time::sleep_until(wake), if due.is_some() => {}
-                received = consumer.recv() => match received {
-                    Ok(record) => {
-                        if let Some(delivery) = self.take(&record) {
-                            return Some(delivery);
-                        }
-                    }
+                received = consumer.recv(), if !waiting => match received {
+                    Ok(record) => self.pending = self.prepare(&record),
                     Err(err) => {
                         tracing::debug!(subject = %self.shared.subject, error = %err, "Kafka consumer error");
                         crate::metrics::connection_event("kafka", "consume_error");

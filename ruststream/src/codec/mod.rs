@@ -1,0 +1,204 @@
+//! Codecs turn payload bytes into handler bodies and reply values into bytes.
+//!
+//! JSON ([`Json`]) is the default. With cargo features: MessagePack
+//! ([`MsgPack`], feature `msgpack`), CBOR ([`Cbor`], feature `cbor`) and
+//! Protobuf ([`Protobuf`], feature `protobuf`, for `prost` messages). A
+//! subscriber picks one with `codec = ..`, a publisher with
+//! [`Publisher::with_codec`](crate::Publisher::with_codec).
+//!
+//! Every message a codec encodes carries its [`Codec::CONTENT_TYPE`] in the
+//! `content-type` header. A subscriber that receives another content type
+//! treats the message as malformed: it never reaches the handler, it is
+//! dead-lettered with the reason, and a request gets an error reply. A
+//! message without the header is decoded with the subscriber's codec.
+//! Bodies and replies of type `Bytes`, `String` or `Vec<u8>` bypass the
+//! codec: the payload passes through as it is, whatever its content type.
+//!
+//! A codec of one's own is a type implementing [`Codec`], with [`Decode`]
+//! and [`Encode`] for the values it handles:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use ruststream::BoxError;
+//! use ruststream::codec::{Codec, Decode, Encode};
+//!
+//! /// Plain UTF-8 lines.
+//! struct Lines;
+//!
+//! impl Codec for Lines {
+//!     const CONTENT_TYPE: &'static str = "text/plain";
+//! }
+//!
+//! impl Decode<Vec<String>> for Lines {
+//!     fn decode(payload: &Bytes) -> Result<Vec<String>, BoxError> {
+//!         Ok(std::str::from_utf8(payload)?.lines().map(str::to_owned).collect())
+//!     }
+//! }
+//!
+//! impl Encode<Vec<String>> for Lines {
+//!     fn encode(value: &Vec<String>) -> Result<Bytes, BoxError> {
+//!         Ok(Bytes::from(value.join("\n")))
+//!     }
+//! }
+//!
+//! let bytes = Lines::encode(&vec!["a".to_owned(), "b".to_owned()]).unwrap();
+//! let back: Vec<String> = Lines::decode(&bytes).unwrap();
+//! assert_eq!(back, ["a", "b"]);
+//! ```
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::message::header;
+use crate::{BoxError, Envelope, Error, Message, Text};
+
+#[cfg(feature = "cbor")]
+mod cbor;
+#[cfg(feature = "msgpack")]
+mod msgpack;
+#[cfg(feature = "protobuf")]
+mod protobuf;
+
+#[cfg(feature = "cbor")]
+pub use cbor::Cbor;
+#[cfg(feature = "msgpack")]
+pub use msgpack::MsgPack;
+#[cfg(feature = "protobuf")]
+pub use protobuf::Protobuf;
+
+/// A payload format: its content type. What it can decode and encode is
+/// said by [`Decode`] and [`Encode`].
+///
+/// ```
+/// use ruststream::{Codec, Json};
+///
+/// assert_eq!(Json::CONTENT_TYPE, "application/json");
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a codec",
+    label = "the `codec` argument must name a type implementing `ruststream::Codec`",
+    note = "use `ruststream::Json` (the default), a codec of `ruststream::codec` behind its feature, or implement `ruststream::Codec`"
+)]
+pub trait Codec: Send + Sync + 'static {
+    /// The MIME type every message this codec encodes carries in its
+    /// `content-type` header.
+    const CONTENT_TYPE: &'static str;
+}
+
+/// A codec that decodes payloads into `T`.
+///
+/// ```
+/// use ruststream::Json;
+/// use ruststream::codec::Decode;
+///
+/// let back: Vec<u32> = Json::decode(&"[1,2,3]".into()).unwrap();
+/// assert_eq!(back, [1, 2, 3]);
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "the codec `{Self}` cannot decode `{T}`",
+    note = "Json, MsgPack and Cbor decode `serde::Deserialize` types; Protobuf decodes `prost::Message` types"
+)]
+pub trait Decode<T>: Codec {
+    /// Decodes a payload. An error marks the message malformed: it never
+    /// reaches the handler.
+    fn decode(payload: &Bytes) -> Result<T, BoxError>;
+}
+
+/// A codec that encodes `T` into payloads.
+///
+/// ```
+/// use ruststream::Json;
+/// use ruststream::codec::Encode;
+///
+/// let bytes = Json::encode(&vec![1, 2, 3]).unwrap();
+/// assert_eq!(&bytes[..], b"[1,2,3]");
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "the codec `{Self}` cannot encode `{T}`",
+    note = "Json, MsgPack and Cbor encode `serde::Serialize` types; Protobuf encodes `prost::Message` types"
+)]
+pub trait Encode<T: ?Sized>: Codec {
+    /// Encodes a value.
+    fn encode(value: &T) -> Result<Bytes, BoxError>;
+}
+
+/// Whether a `content-type` header names `expected`: the media type before
+/// any parameters (`; charset=..`), ignoring case and spaces.
+///
+/// ```
+/// use ruststream::codec::same_media_type;
+///
+/// assert!(same_media_type("Application/JSON; charset=utf-8", "application/json"));
+/// assert!(!same_media_type("application/msgpack", "application/json"));
+/// ```
+pub fn same_media_type(content_type: &str, expected: &str) -> bool {
+    let media = content_type.split(';').next().unwrap_or_default().trim();
+    media.eq_ignore_ascii_case(expected)
+}
+
+/// `value` encoded by `C`, as a message carrying `C`'s content type.
+#[inline]
+pub(crate) fn encode_message<C: Encode<T>, T: ?Sized>(value: &T) -> crate::Result<Message> {
+    let payload = C::encode(value).map_err(Error::Encode)?;
+    let mut message = Message::new(payload);
+    message.headers_mut().insert(
+        Text::from_static(header::CONTENT_TYPE),
+        Text::from_static(C::CONTENT_TYPE),
+    );
+    Ok(message)
+}
+
+/// A reply decoded by `C`; a reply of another content type is a decode
+/// error that names both.
+pub(crate) fn decode_reply<C: Decode<R>, R>(reply: &Envelope) -> crate::Result<R> {
+    if let Some(got) = reply.headers().get(header::CONTENT_TYPE)
+        && !same_media_type(got, C::CONTENT_TYPE)
+    {
+        return Err(Error::Decode(
+            format!(
+                "the reply is `{got}`, and this side decodes `{}`",
+                C::CONTENT_TYPE
+            )
+            .into(),
+        ));
+    }
+    C::decode(reply.payload()).map_err(Error::Decode)
+}
+
+/// Encoded values up to this size take the one-allocation path.
+const SMALL: usize = 256;
+
+/// JSON through `serde_json`: the default codec.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Json;
+
+impl Codec for Json {
+    const CONTENT_TYPE: &'static str = "application/json";
+}
+
+impl<T: DeserializeOwned> Decode<T> for Json {
+    #[inline]
+    fn decode(payload: &Bytes) -> Result<T, BoxError> {
+        Ok(serde_json::from_slice(payload)?)
+    }
+}
+
+impl<T: Serialize + ?Sized> Encode<T> for Json {
+    fn encode(value: &T) -> Result<Bytes, BoxError> {
+        // A small value is written on the stack and copied out at its exact
+        // size: one allocation, where a growing `Vec` handed to `Bytes` costs
+        // two (the buffer, then `Bytes`' header for its spare capacity).
+        let mut buf = [0u8; SMALL];
+        let mut rest = &mut buf[..];
+        match serde_json::to_writer(&mut rest, value) {
+            Ok(()) => {
+                let len = SMALL - rest.len();
+                Ok(Bytes::copy_from_slice(&buf[..len]))
+            }
+            // Too big for the stack buffer: the ordinary way.
+            Err(err) if err.is_io() => Ok(Bytes::from(serde_json::to_vec(value)?)),
+            Err(err) => Err(err.into()),
+        }
+    }
+}

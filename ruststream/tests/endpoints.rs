@@ -1,0 +1,134 @@
+//! The app's HTTP endpoints (issue 22, feature `prometheus`): `/metrics`
+//! scraped over real HTTP and parsed as the Prometheus text format, and
+//! `/ready` turning false at the start of the shutdown (RT-9's first phase)
+//! while `/health` still answers.
+
+#![cfg(feature = "prometheus")]
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::within;
+use ruststream::prelude::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+/// One GET over a fresh connection: status code and body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .expect("the endpoint accepts");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    within(5, "the response", stream.read_to_string(&mut response))
+        .await
+        .unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    (status, body.to_owned())
+}
+
+#[subscriber("endpoints.orders")]
+async fn order(_id: u64) {}
+
+#[tokio::test]
+async fn metrics_are_served_in_the_prometheus_text_format() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(order)
+        .serve_metrics(([127, 0, 0, 1], 0))
+        .start()
+        .await
+        .unwrap();
+    let addr = running.metrics_addr().expect("served");
+    // Something to count: a payload that does not decode.
+    broker
+        .publish_message("endpoints.orders", Message::new("not json"), None)
+        .await
+        .unwrap();
+    let mut found = None;
+    for _ in 0..100 {
+        let (status, body) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        let lines = body.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines).expect("the text format parses");
+        found = scrape.samples.into_iter().find(|s| {
+            s.metric == "ruststream_malformed_total"
+                && s.labels.get("subject") == Some("endpoints.orders")
+        });
+        if found.is_some() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let sample =
+        found.expect("ruststream_malformed_total{subject=\"endpoints.orders\"} is exported");
+    assert!(matches!(sample.value, prometheus_parse::Value::Counter(v) if v >= 1.0));
+    assert_eq!(get(addr, "/health").await, (200, "ok\n".to_owned()));
+    assert_eq!(get(addr, "/nowhere").await.0, 404);
+    running.shutdown().await.unwrap();
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "nothing is served after the shutdown"
+    );
+}
+
+#[tokio::test]
+async fn ready_turns_false_when_the_shutdown_begins() {
+    let (at_shutdown, mut shutting_down) = mpsc::channel::<()>(1);
+    let (release, released) = oneshot::channel::<()>();
+    let running = App::new()
+        .broker(MemoryBroker::new())
+        .subscriber(order)
+        .serve_metrics(([127, 0, 0, 1], 0))
+        .on_shutdown(move |_| async move {
+            at_shutdown.send(()).await.unwrap();
+            released.await.unwrap();
+            Ok(())
+        })
+        .start()
+        .await
+        .unwrap();
+    let addr = running.metrics_addr().unwrap();
+    assert_eq!(get(addr, "/ready").await, (200, "ready\n".to_owned()));
+
+    let stopping = tokio::spawn(running.shutdown());
+    within(5, "the shutdown to begin", shutting_down.recv())
+        .await
+        .unwrap();
+    assert_eq!(
+        get(addr, "/ready").await,
+        (503, "shutting down\n".to_owned())
+    );
+    assert_eq!(
+        get(addr, "/health").await,
+        (200, "ok\n".to_owned()),
+        "alive while it drains"
+    );
+    release.send(()).unwrap();
+    within(5, "the shutdown", stopping).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn an_address_in_use_is_a_startup_error_that_names_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let err = App::new()
+        .broker(MemoryBroker::new())
+        .serve_metrics(addr)
+        .start()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ruststream::Error::Config(m) if m.contains(&addr.to_string())),
+        "{err}"
+    );
+}
