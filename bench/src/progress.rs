@@ -32,10 +32,3 @@ pub fn count() -> u64 {
 pub async fn all_seen() {
     ALL_SEEN.notified().await;
 }
-
-/// Messages handled so far in this run (for a publisher that paces itself
-/// to the consumer).
-#[allow(dead_code)]
-pub fn count() -> u64 {
-    SEEN.load(Ordering::Relaxed)
-}
