@@ -96,6 +96,9 @@ pub(super) struct Connection {
     /// `true` while connected.
     up: watch::Sender<bool>,
     closed: AtomicBool,
+    /// Whether `deferred_acks` may hold any (set and cleared under the
+    /// state lock; read without it).
+    deferred: AtomicBool,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// [`Inbound::close`] of where received publishes go.
     close_inbound: Box<dyn Fn() + Send + Sync>,
@@ -143,6 +146,7 @@ impl Connection {
             space: Notify::new(),
             up: watch::Sender::new(true),
             closed: AtomicBool::new(false),
+            deferred: AtomicBool::new(false),
             task: Mutex::new(None),
             close_inbound: {
                 let inbound = Arc::clone(&inbound);
@@ -189,11 +193,6 @@ impl Connection {
 
     pub(super) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
-    }
-
-    /// The current connection's epoch.
-    pub(super) fn epoch(&self) -> u64 {
-        self.lock().epoch
     }
 
     /// Sends SUBSCRIBE for `filters` (in the request channel at once; the
@@ -320,11 +319,15 @@ impl Connection {
             }
         }
         state.deferred_acks.push_back((pkid, qos));
+        self.deferred.store(true, Ordering::Release);
         Ok(())
     }
 
     /// Sends deferred acks while the request channel has room.
     fn flush_acks(&self) {
+        if !self.deferred.load(Ordering::Acquire) {
+            return;
+        }
         let mut state = self.lock();
         while let Some(&(pkid, qos)) = state.deferred_acks.front() {
             if self.client.try_ack(&ack_of(pkid, qos)).is_err() {
@@ -332,6 +335,7 @@ impl Connection {
             }
             state.deferred_acks.pop_front();
         }
+        self.deferred.store(false, Ordering::Release);
     }
 
     /// Waits until connected; `Closed` once closed.
@@ -406,6 +410,20 @@ impl Connection {
 
     /// Bookkeeping for one event of the event loop.
     fn on_event(&self, event: &Event) {
+        match event {
+            Event::Outgoing(
+                Outgoing::Publish(_) | Outgoing::AwaitAck(_) | Outgoing::Subscribe(_),
+            )
+            | Event::Incoming(
+                Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubComp(_) | Packet::SubAck(_),
+            ) => {}
+            // Nothing to look up (acks written, pings): room in the channel.
+            Event::Outgoing(_) => {
+                self.space.notify_waiters();
+                return;
+            }
+            _ => return,
+        }
         let mut state = self.lock();
         match event {
             Event::Outgoing(Outgoing::Publish(pkid)) => {
@@ -504,10 +522,12 @@ async fn drive<I: Inbound>(
     (first_backoff, max_backoff): (Duration, Duration),
 ) {
     let mut backoff = first_backoff;
+    let mut epoch = 0;
     loop {
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                let epoch = conn.epoch();
+                // Only this task ends an epoch (`on_break`): its own count
+                // is the current one, no lock needed.
                 inbound.deliver(publish, epoch).await;
             }
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
@@ -543,6 +563,7 @@ async fn drive<I: Inbound>(
                 crate::metrics::connection_event("mqtt", "disconnected");
                 tracing::warn!(conn = %conn.label, error = %err, retry_in = ?backoff, "MQTT connection lost; reconnecting");
                 conn.on_break(&mut eventloop, &*inbound);
+                epoch += 1;
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(max_backoff);
                 if conn.is_closed() {
