@@ -7,12 +7,15 @@
 # (RUSTSTREAM_REDIS_URL, default 127.0.0.1:6379). Kafka: a consumer group
 # reading preloaded records, framework vs a raw rdkafka StreamConsumer
 # committing each record (async), on librdkafka's mock cluster in the bench
-# process (or RUSTSTREAM_KAFKA_BOOTSTRAP).
+# process (or RUSTSTREAM_KAFKA_BOOTSTRAP). MQTT: QoS 1 consumption with a
+# PUBACK per message (receive maximum 64) from a raw rumqttc publisher,
+# framework vs a raw rumqttc event loop, on Mosquitto
+# (RUSTSTREAM_MQTT_URL, default mqtt://127.0.0.1:1883).
 # BROKERS picks the brokers (default: all), e.g. `BROKERS=kafka
 # bench/brokers.sh` runs only the Kafka pair and needs no server.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-brokers=${BROKERS:-nats redis rabbitmq kafka}
+brokers=${BROKERS:-nats redis rabbitmq kafka mqtt}
 features=$(echo $brokers | tr ' ' ',')
 cargo build --release -p ruststream-bench --features "$features" --manifest-path "$root/Cargo.toml" >&2
 bin=${CARGO_TARGET_DIR:-$root/target}/release/ruststream-bench
@@ -30,7 +33,7 @@ for ((round = 1; round <= rounds; round++)); do
   done
 done
 printf '%-16s %12s %8s\n' scenario msgs/s vs-raw
-for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka"; do
+for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka" "mqtt raw-mqtt"; do
   read -r fw raw <<<"$pair"
   [[ -n "${rates[$fw]:-}" ]] || continue
   f=$(echo "${rates[$fw]}" | median)

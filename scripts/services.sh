@@ -64,6 +64,28 @@ ensure_rabbitmq() {
   wait_port 5672 60 rabbitmq-server
 }
 
+ensure_mosquitto() {
+  if [ -n "${RUSTSTREAM_MQTT_URL:-}" ]; then
+    return 0
+  fi
+  port_open 1883 && return 0
+  echo "Mosquitto is down on 127.0.0.1:1883: starting it"
+  command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || apt_install mosquitto
+  local bin
+  bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+  if [ -f /etc/mosquitto/mosquitto.conf ] && grep -q '^listener 1883 127.0.0.1' /etc/mosquitto/mosquitto.conf; then
+    mkdir -p /run/mosquitto /var/lib/mosquitto /var/log/mosquitto
+    chown mosquitto: /run/mosquitto /var/lib/mosquitto /var/log/mosquitto 2>/dev/null || true
+    "$bin" -d -c /etc/mosquitto/mosquitto.conf
+  else
+    # Loopback only, whatever the packaged config says.
+    local conf=/tmp/ruststream-mosquitto.conf
+    printf 'listener 1883 127.0.0.1\nallow_anonymous true\n' >"$conf"
+    "$bin" -d -c "$conf"
+  fi
+  wait_port 1883 20 mosquitto
+}
+
 # The Kafka binding builds librdkafka from the source its crate ships (its
 # own configure and make, about a minute on two cores): it needs a C
 # compiler, make, pkg-config and OpenSSL's headers. Its tests and example

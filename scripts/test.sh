@@ -45,10 +45,11 @@ while IFS=: read -r page include; do
 done < <(grep -o '{{#include [^}]*}}' -r book/src | sed 's/{{#include \([^}]*\)}}/\1/')
 [ "$missing" = 0 ]
 
-step "broker services on loopback (NATS, Redis, RabbitMQ; Kafka runs in-process)"
+step "broker services on loopback (NATS, Redis, RabbitMQ, Mosquitto; Kafka runs in-process)"
 ensure_nats
 ensure_redis
 ensure_rabbitmq
+ensure_mosquitto
 
 step "cargo test --workspace --all-features"
 cargo test --workspace --all-features
@@ -57,7 +58,7 @@ step "loom models of the concurrent hand-offs (scripts/loom.sh)"
 scripts/loom.sh
 
 step "every example runs and exits 0 on its own"
-for example in quickstart execution_modes lifecycle middleware nats_orders redis_orders rabbitmq_orders kafka_orders; do
+for example in quickstart execution_modes lifecycle middleware nats_orders redis_orders rabbitmq_orders kafka_orders mqtt_sensors; do
   echo "-- $example"
   timeout 120 cargo run --quiet --example "$example"
 done

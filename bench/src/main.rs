@@ -41,6 +41,7 @@ broker_scenarios!("nats", nats);
 broker_scenarios!("redis", redis);
 broker_scenarios!("rabbitmq", rabbitmq);
 broker_scenarios!("kafka", kafka);
+broker_scenarios!("mqtt", mqtt);
 mod payload;
 mod progress;
 mod scenarios;
@@ -57,7 +58,14 @@ fn main() -> ExitCode {
         let names: Vec<&str> = if args[0] == "--list" {
             scenarios::NAMES.to_vec()
         } else {
-            [nats::NAMES, redis::NAMES, rabbitmq::NAMES, kafka::NAMES].concat()
+            [
+                nats::NAMES,
+                redis::NAMES,
+                rabbitmq::NAMES,
+                kafka::NAMES,
+                mqtt::NAMES,
+            ]
+            .concat()
         };
         for name in names {
             println!("{name}");
@@ -70,6 +78,7 @@ fn main() -> ExitCode {
             || redis::NAMES.contains(&s)
             || rabbitmq::NAMES.contains(&s)
             || kafka::NAMES.contains(&s)
+            || mqtt::NAMES.contains(&s)
     };
     let (scenario, n) = match args.as_slice() {
         [scenario, n] if known(scenario) => match n.parse::<u64>() {
@@ -115,6 +124,9 @@ fn main() -> ExitCode {
             return Some(measured);
         }
         if let Some(measured) = kafka::run(scenario, n).await {
+            return Some(measured);
+        }
+        if let Some(measured) = mqtt::run(scenario, n).await {
             return Some(measured);
         }
         scenarios::run(scenario, Arc::clone(&payloads)).await

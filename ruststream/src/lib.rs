@@ -79,6 +79,9 @@ pub use app::{App, BoundSubscriber, Configure, Configured, IntoSubscriber, NoBro
 #[cfg(feature = "kafka")]
 pub use binding::kafka;
 pub use binding::memory::MemoryBroker;
+/// The MQTT binding (feature `mqtt`).
+#[cfg(feature = "mqtt")]
+pub use binding::mqtt;
 /// The NATS binding (feature `nats`).
 #[cfg(feature = "nats")]
 pub use binding::nats;
@@ -152,6 +155,9 @@ mod book {
     #[cfg(feature = "kafka")]
     #[doc = include_str!("../../book/src/kafka.md")]
     mod kafka {}
+    #[cfg(feature = "mqtt")]
+    #[doc = include_str!("../../book/src/mqtt.md")]
+    mod mqtt {}
     #[cfg(all(feature = "nats", feature = "redis", feature = "rabbitmq"))]
     #[doc = include_str!("../../book/src/failures.md")]
     mod failures {}

@@ -18,9 +18,16 @@ pub use erased::DynRequester;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod memory;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(any(feature = "nats", feature = "redis", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "mqtt"
+))]
 mod pull_flow;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;

@@ -53,6 +53,15 @@ impl OwnServer {
         OwnServer::launch(program, Box::new(launch), 10).await
     }
 
+    /// `program` started by `launch` (given the port and the server's own
+    /// directory, for a config file).
+    pub async fn custom(
+        program: &'static str,
+        launch: impl Fn(u16, &Path) -> Command + Send + Sync + 'static,
+    ) -> OwnServer {
+        OwnServer::launch(program, Box::new(launch), 10).await
+    }
+
     /// A redis-server whose streams survive `kill -9`: an append-only file
     /// with `appendfsync always`.
     pub async fn redis() -> OwnServer {
@@ -158,6 +167,23 @@ impl OwnServer {
         let _ = child.wait();
         let port = self.port;
         until(10, "the killed server's port to close", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        })
+        .await;
+    }
+
+    /// A graceful stop: SIGTERM to the server's pid (it saves what it
+    /// persists), then waits for it to exit and its port to close.
+    pub async fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+        let port = self.port;
+        until(10, "the stopped server's port to close", || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
         })
         .await;

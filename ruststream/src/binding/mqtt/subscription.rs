@@ -1,0 +1,252 @@
+//! One MQTT subscription: a client connection of its own (its own session,
+//! its own receive maximum), subscribed to the subject (as a shared
+//! subscription for a queue group) and to its private retry topic, where
+//! `nack` sends copies back.
+//!
+//! Received publishes wait in a buffer of at most the receive maximum until
+//! the runtime claims them. The broker should never have more than the
+//! receive maximum of QoS 1/2 messages unacknowledged with us; when the
+//! buffer is full all the same (QoS 0, which MQTT does not flow-control, or
+//! a broker sending past the maximum, as Mosquitto 2.0 does under load) the
+//! event loop stops reading the socket and TCP pushes back on the broker.
+//! Acks never wait for it. While the receive flow is PAUSED nothing is
+//! handed out: the buffer fills, the broker stops at the receive maximum,
+//! and memory stays bounded.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rumqttc::v5::mqttbytes::v5::{Filter, Publish};
+use tokio::sync::Notify;
+
+use super::connection::{Connection, Inbound, Settings};
+use super::delivery::MqttDelivery;
+use super::{MqttBroker, convert};
+use crate::binding::pull_flow::PullFlow;
+use crate::binding::{SubscribeOptions, Subscription};
+use crate::ingress::ReceiveFlow;
+use crate::{Error, Result, Text};
+
+/// Topics of the private retry subscriptions start with this.
+pub(super) const RETRY_PREFIX: &str = "ruststream/retry/";
+
+/// An MQTT subscription (see [`MqttBroker`]).
+pub struct MqttSubscription {
+    shared: Arc<Shared>,
+    buffer: Arc<Buffer>,
+    flow: Option<Arc<PullFlow>>,
+    /// The subject of the last delivery, reused while it repeats.
+    last_subject: Option<Text>,
+}
+
+/// What every delivery of one subscription needs to settle itself.
+pub(super) struct Shared {
+    pub(super) broker: MqttBroker,
+    pub(super) conn: Arc<Connection>,
+    /// Where `nack` publishes the copy (only this subscription, or its
+    /// queue group, reads it).
+    pub(super) retry_topic: String,
+    pub(super) dead_letter: Option<Text>,
+}
+
+/// Received, not yet handed out.
+pub(super) struct Buffer {
+    queue: Mutex<VecDeque<(Publish, u64)>>,
+    capacity: usize,
+    /// Notified when a publish arrives, and at close.
+    data: Notify,
+    /// Notified when a publish is taken out.
+    room: Notify,
+    closed: AtomicBool,
+}
+
+impl Buffer {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<(Publish, u64)>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.data.notify_waiters();
+        self.room.notify_waiters();
+    }
+}
+
+impl Inbound for Buffer {
+    async fn deliver(&self, publish: Publish, epoch: u64) {
+        let mut publish = Some((publish, epoch));
+        loop {
+            let room = self.room.notified();
+            {
+                if self.closed.load(Ordering::Acquire) {
+                    // Nobody takes it: unacked, it comes back next session.
+                    return;
+                }
+                let mut queue = self.lock();
+                if queue.len() < self.capacity {
+                    let was_empty = queue.is_empty();
+                    queue.push_back(publish.take().expect("pushed once"));
+                    drop(queue);
+                    // The reader waits only on an empty buffer.
+                    if was_empty {
+                        self.data.notify_waiters();
+                    }
+                    return;
+                }
+            }
+            room.await;
+        }
+    }
+
+    fn reset(&self) {
+        self.lock().clear();
+        self.room.notify_waiters();
+    }
+
+    fn close(&self) {
+        Buffer::close(self);
+    }
+}
+
+/// FNV-1a: a stable hash for client ids and retry topics that must be the
+/// same in the next run of the app.
+fn stable_hash(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    })
+}
+
+fn check_group(group: &str) -> Result<()> {
+    if group.is_empty() || group.contains(['/', '+', '#']) {
+        return Err(Error::Config(format!(
+            "`{group}` cannot be an MQTT shared-subscription group (no `/`, `+`, `#`)"
+        )));
+    }
+    Ok(())
+}
+
+impl MqttSubscription {
+    pub(super) async fn open(broker: MqttBroker, options: SubscribeOptions) -> Result<Self> {
+        let settings = &broker.inner.settings;
+        let subject = options.subject.as_str();
+        if subject.is_empty() {
+            return Err(Error::Config("an MQTT topic filter cannot be empty".into()));
+        }
+        let qos = settings.qos_for(subject);
+        let group = options.queue_group.as_ref().map(|g| g.as_str());
+        let hash = stable_hash(&format!("{}|{subject}", group.unwrap_or("")));
+        let client_id = broker.subscription_client_id(hash);
+        let (filter, retry_topic, retry_filter) = match group {
+            Some(group) => {
+                check_group(group)?;
+                let retry = format!("{RETRY_PREFIX}{group}/{hash:08x}");
+                (
+                    format!("$share/{group}/{subject}"),
+                    retry.clone(),
+                    format!("$share/{group}/{retry}"),
+                )
+            }
+            None => {
+                let retry = format!("{RETRY_PREFIX}{client_id}");
+                (subject.to_owned(), retry.clone(), retry)
+            }
+        };
+        let receive_maximum = settings.receive_maximum;
+        let buffer = Arc::new(Buffer {
+            queue: Mutex::new(VecDeque::with_capacity(usize::from(receive_maximum))),
+            capacity: usize::from(receive_maximum),
+            data: Notify::new(),
+            room: Notify::new(),
+            closed: AtomicBool::new(false),
+        });
+        let mut mqtt = broker.options(&client_id);
+        mqtt.set_manual_acks(true);
+        mqtt.set_receive_maximum(Some(receive_maximum));
+        let conn = Connection::open(
+            Settings {
+                options: mqtt,
+                filters: vec![Filter::new(filter, qos), Filter::new(retry_filter, qos)],
+                backoff: settings.backoff(),
+                label: format!("subscription {client_id} to {subject}"),
+            },
+            usize::from(receive_maximum) + 8,
+            Arc::clone(&buffer),
+        )
+        .await?;
+        broker.track(&conn);
+        Ok(MqttSubscription {
+            shared: Arc::new(Shared {
+                broker,
+                conn,
+                retry_topic,
+                dead_letter: options.dead_letter,
+            }),
+            buffer,
+            last_subject: None,
+            flow: options.receive_flow.then(|| Arc::new(PullFlow::default())),
+        })
+    }
+
+    fn closed(&self) -> bool {
+        self.shared.conn.is_closed() || self.shared.broker.ensure_open().is_err()
+    }
+}
+
+impl Subscription for MqttSubscription {
+    type Delivery = MqttDelivery;
+
+    /// Waits until a received publish is at hand and the receive flow runs.
+    async fn ready(&mut self) -> bool {
+        loop {
+            if let Some(flow) = &self.flow {
+                flow.running().await;
+            }
+            let data = self.buffer.data.notified();
+            if !self.buffer.lock().is_empty() {
+                return true;
+            }
+            if self.closed() || self.buffer.closed.load(Ordering::Acquire) {
+                return false;
+            }
+            data.await;
+        }
+    }
+
+    fn try_next(&mut self) -> Option<MqttDelivery> {
+        let (publish, epoch) = {
+            let mut queue = self.buffer.lock();
+            let full = queue.len() >= self.buffer.capacity;
+            let taken = queue.pop_front()?;
+            drop(queue);
+            // The event loop waits only on a full buffer.
+            if full {
+                self.buffer.room.notify_waiters();
+            }
+            taken
+        };
+        let copy = publish.topic.as_ref() == self.shared.retry_topic.as_bytes();
+        let (pkid, qos) = (publish.pkid, publish.qos);
+        let env = convert::envelope(publish, copy, &mut self.last_subject);
+        Some(MqttDelivery::new(env, pkid, qos, epoch, &self.shared))
+    }
+
+    fn receive_flow(&self) -> Option<Arc<dyn ReceiveFlow>> {
+        self.flow
+            .as_ref()
+            .map(|flow| Arc::clone(flow) as Arc<dyn ReceiveFlow>)
+    }
+}
+
+impl Drop for MqttSubscription {
+    fn drop(&mut self) {
+        self.buffer.close();
+        let conn = Arc::clone(&self.shared.conn);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            // DISCONNECT after the acks already in the channel; the session
+            // stays for its expiry, so what was not acked comes back to the
+            // next subscription with the same client id.
+            runtime.spawn(async move { conn.close().await });
+        }
+    }
+}
