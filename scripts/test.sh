@@ -62,6 +62,8 @@ for example in quickstart execution_modes lifecycle middleware nats_orders redis
   echo "-- $example"
   timeout 120 cargo run --quiet --example "$example"
 done
+echo "-- observability, on a port the system picks"
+RUSTSTREAM_METRICS_ADDR=127.0.0.1:0 timeout 120 cargo run --quiet --example observability
 echo "-- new-project (the guide's new service), on the memory broker and on NATS"
 timeout 120 cargo run --quiet -p orders-service
 NATS_URL="${RUSTSTREAM_NATS_URL:-nats://127.0.0.1:4222}" timeout 120 cargo run --quiet -p orders-service

@@ -21,9 +21,9 @@
 //! | `ruststream_job_waiters` | gauge | | receive loops waiting for a job permit: the shared-cap wait |
 //! | `ruststream_pressure_paused_seconds` | gauge | | total time the job queue has spent PAUSED |
 //! | `ruststream_structural_rejects_total` | counter | `subject` | requests an owner FIFO refused at its count or byte limit (`Error::StructuralLimit`) |
-//! | `ruststream_handled_total` | counter | `subscriber`, `subject`, `outcome` | deliveries settled: `acked`, `retried`, `dead_lettered` (rejected), `malformed`, `refused` (a structural limit). `acked` reaches the recorder before each `/metrics` scrape, every second and at shutdown |
-//! | `ruststream_handler_duration_seconds` | histogram | `subscriber`, `subject` | handler run time (with [`record_handler_timings`] or `App::serve_metrics`) |
-//! | `ruststream_in_flight` | gauge | `subscriber`, `subject` | handlers running now (with [`record_handler_timings`] or `App::serve_metrics`) |
+//! | `ruststream_handled_total` | counter | `app`, `subscriber`, `subject`, `outcome` | deliveries settled: `acked`, `retried`, `dead_lettered` (rejected), `malformed`, `refused` (a structural limit). `acked` reaches the recorder before each `/metrics` scrape, every second and at shutdown |
+//! | `ruststream_handler_duration_seconds` | histogram | `app`, `subscriber`, `subject` | handler run time (with [`record_handler_timings`] or `App::serve_metrics`) |
+//! | `ruststream_in_flight` | gauge | `app`, `subscriber`, `subject` | handlers running now (with [`record_handler_timings`] or `App::serve_metrics`) |
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -221,13 +221,23 @@ pub(crate) struct UnitMetrics {
 }
 
 impl UnitMetrics {
-    pub(crate) fn new(subscriber: &'static str, subject: &Text) -> Self {
-        let subject = subject.to_string();
-        let outcome = |outcome: &'static str| metrics::counter!(HANDLED, "subscriber" => subscriber, "subject" => subject.clone(), "outcome" => outcome);
+    pub(crate) fn new(app: &str, subscriber: &'static str, subject: &Text) -> Self {
+        let labels = |extra: Option<&'static str>| {
+            let mut labels = vec![
+                metrics::Label::new("app", app.to_owned()),
+                metrics::Label::new("subscriber", subscriber),
+                metrics::Label::new("subject", subject.to_string()),
+            ];
+            if let Some(outcome) = extra {
+                labels.push(metrics::Label::new("outcome", outcome));
+            }
+            labels
+        };
+        let outcome = |outcome: &'static str| metrics::counter!(HANDLED, labels(Some(outcome)));
         let timings = timings_on().then(|| {
             (
-                metrics::histogram!(HANDLER_DURATION, "subscriber" => subscriber, "subject" => subject.clone()),
-                metrics::gauge!(IN_FLIGHT, "subscriber" => subscriber, "subject" => subject.clone()),
+                metrics::histogram!(HANDLER_DURATION, labels(None)),
+                metrics::gauge!(IN_FLIGHT, labels(None)),
             )
         });
         UnitMetrics {
@@ -306,11 +316,23 @@ impl Drop for UnitMetrics {
     }
 }
 
-/// Every subscriber's [`UnitMetrics`] of one app, to sync.
+/// Every subscriber's [`UnitMetrics`] of one app, to sync, and the app's
+/// name (their `app` label).
 #[derive(Default)]
-pub(crate) struct Registry(std::sync::Mutex<Vec<std::sync::Weak<UnitMetrics>>>);
+pub(crate) struct Registry(
+    std::sync::Mutex<Vec<std::sync::Weak<UnitMetrics>>>,
+    std::sync::OnceLock<String>,
+);
 
 impl Registry {
+    pub(crate) fn name_app(&self, name: String) {
+        let _ = self.1.set(name);
+    }
+
+    pub(crate) fn app(&self) -> &str {
+        self.1.get().map_or("app", String::as_str)
+    }
+
     pub(crate) fn add(&self, unit: &std::sync::Arc<UnitMetrics>) {
         let mut units = self.0.lock().unwrap_or_else(|e| e.into_inner());
         units.push(std::sync::Arc::downgrade(unit));

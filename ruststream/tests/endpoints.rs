@@ -79,6 +79,7 @@ async fn until_value(addr: SocketAddr, metric: &str, labels: &[(&str, &str)], wa
 async fn metrics_are_served_in_the_prometheus_text_format() {
     let broker = MemoryBroker::new();
     let running = App::new()
+        .name("shop")
         .broker(broker.clone())
         .subscriber(order)
         .serve_metrics(([127, 0, 0, 1], 0))
@@ -100,7 +101,7 @@ async fn metrics_are_served_in_the_prometheus_text_format() {
     until_value(
         addr,
         "ruststream_handled_total",
-        &[subject, subscriber, ("outcome", "acked")],
+        &[("app", "shop"), subject, subscriber, ("outcome", "acked")],
         3.0,
     )
     .await;

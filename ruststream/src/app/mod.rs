@@ -75,6 +75,8 @@ pub struct App<B = NoBroker> {
     mistakes: Vec<Error>,
     /// Where to serve `/metrics`, `/health` and `/ready`, if anywhere.
     endpoints: Option<std::net::SocketAddr>,
+    /// The `app` label of the app's metrics.
+    name: String,
 }
 
 impl App<NoBroker> {
@@ -94,6 +96,7 @@ impl App<NoBroker> {
             shutdown_timeout: None,
             mistakes: Vec::new(),
             endpoints: None,
+            name: "app".to_owned(),
         }
     }
 }
@@ -128,6 +131,7 @@ impl<B> App<B> {
             shutdown_timeout: self.shutdown_timeout,
             mistakes: self.mistakes,
             endpoints: self.endpoints,
+            name: self.name,
         }
     }
 
@@ -152,6 +156,21 @@ impl<B> App<B> {
         self.brokers = vec![Arc::new(broker.clone())];
         let app = self.with_current(broker);
         (app, dead_letters)
+    }
+
+    /// Names the app: the `app` label of its per-subscriber metrics
+    /// (`ruststream_handled_total` and the handler timings), so two apps in
+    /// one process are told apart. Default: `app`.
+    ///
+    /// ```
+    /// use ruststream::{App, MemoryBroker};
+    ///
+    /// let app = App::new().name("billing").broker(MemoryBroker::new());
+    /// # drop(app);
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
     }
 
     /// Sizes the application job queue: one permit per record taken
@@ -394,6 +413,7 @@ impl<B: Broker> App<B> {
             self.brokers.clone(),
             Outgoing::new(self.on_publish),
         )?;
+        app.metrics().name_app(self.name);
         RunningApp::start(Parts {
             brokers: self.brokers,
             units: self.units,

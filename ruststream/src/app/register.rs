@@ -63,6 +63,7 @@ async fn open<B: Broker, S: Subscriber>(
         .receive_flow()
         .map(|flow| cx.app.jobs().register(flow));
     let metrics = Arc::new(crate::metrics::UnitMetrics::new(
+        cx.app.metrics().app(),
         subscriber.name(),
         config.subject(),
     ));
