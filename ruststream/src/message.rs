@@ -180,6 +180,13 @@ impl Message {
         self.payload
     }
 
+    /// The same metadata with another payload.
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_payload(mut self, payload: Bytes) -> Self {
+        self.payload = payload;
+        self
+    }
+
     /// Adds (or replaces) a header.
     pub fn with_header(mut self, name: impl Into<Text>, value: impl Into<Text>) -> Self {
         self.meta_mut().headers.insert(name, value);

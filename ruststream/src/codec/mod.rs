@@ -142,11 +142,17 @@ pub fn same_media_type(content_type: &str, expected: &str) -> bool {
 pub(crate) fn encode_message<C: Encode<T>, T: ?Sized>(value: &T) -> crate::Result<Message> {
     let payload = C::encode(value).map_err(Error::Encode)?;
     let mut message = Message::new(payload);
+    stamp(&mut message, C::CONTENT_TYPE);
+    Ok(message)
+}
+
+/// Sets `message`'s `content-type` header (messages and replies alike).
+#[inline]
+pub(crate) fn stamp(message: &mut Message, content_type: &'static str) {
     message.headers_mut().insert(
         Text::from_static(header::CONTENT_TYPE),
-        Text::from_static(C::CONTENT_TYPE),
+        Text::from_static(content_type),
     );
-    Ok(message)
 }
 
 /// A reply decoded by `C`; a reply of another content type is a decode

@@ -312,10 +312,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 if let Some(reply) = reply {
                     let mut reply = Message::new(reply);
                     if let Some(content_type) = self.subscriber.reply_content_type() {
-                        reply.headers_mut().insert(
-                            Text::from_static(header::CONTENT_TYPE),
-                            Text::from_static(content_type),
-                        );
+                        crate::codec::stamp(&mut reply, content_type);
                     }
                     self.reply(&delivery, reply, None).await;
                 }

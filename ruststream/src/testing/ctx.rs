@@ -49,15 +49,7 @@ impl TestCtxBuilder {
     /// The payload the handler's `ctx.payload()` returns (the body argument
     /// is passed to the handler directly).
     pub fn payload(mut self, payload: impl Into<Bytes>) -> Self {
-        let mut message = Message::new(payload);
-        *message.headers_mut() = self.message.headers().clone();
-        if let Some(key) = self.message.key() {
-            message = message.with_key(key.clone());
-        }
-        if let Some(id) = self.message.correlation_id() {
-            message = message.with_correlation_id(id.clone());
-        }
-        self.message = message;
+        self.message = self.message.with_payload(payload.into());
         self
     }
 
