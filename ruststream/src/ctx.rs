@@ -125,9 +125,15 @@ impl<R: CtxRuntime> Ctx<R> {
         subject: &str,
         value: &T,
     ) -> Result<(), Error> {
-        let mut message = crate::codec::encode_message::<Json, T>(value)?;
-        self.outgoing().apply(subject, &mut message);
-        self.broker.publish_boxed(subject, message, None).await
+        let message = crate::codec::encode_message::<Json, T>(value)?;
+        crate::outgoing::send!(
+            self.outgoing(),
+            Publish,
+            self.broker.name(),
+            subject,
+            message,
+            self.broker.publish_boxed(subject, message, None)
+        )
     }
 
     /// Sends `value`, JSON-encoded, as a request on the broker that
@@ -144,13 +150,18 @@ impl<R: CtxRuntime> Ctx<R> {
         T: Serialize + ?Sized,
         R2: DeserializeOwned,
     {
-        let mut message = crate::codec::encode_message::<Json, T>(value)?;
-        self.outgoing().apply(subject, &mut message);
-        let reply = self
-            .broker
-            .request_boxed(subject, message, timeout)
-            .await
-            .and_then(crate::binding::reply_result)?;
+        let message = crate::codec::encode_message::<Json, T>(value)?;
+        let reply = crate::outgoing::send!(
+            self.outgoing(),
+            Request,
+            self.broker.name(),
+            subject,
+            message,
+            async {
+                (self.broker.request_boxed(subject, message, timeout).await)
+                    .and_then(crate::binding::reply_result)
+            }
+        )?;
         crate::codec::decode_reply::<Json, R2>(&reply)
     }
 

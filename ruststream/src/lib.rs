@@ -59,12 +59,15 @@ mod outcome;
 mod outgoing;
 mod pipeline;
 mod publisher;
+mod spans;
 pub mod subscriber;
 mod sync;
 mod tasks;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod text;
+#[cfg(feature = "opentelemetry")]
+mod trace_context;
 
 #[cfg(all(test, loom))]
 mod loom_models;

@@ -3,27 +3,35 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `ruststream_malformed_total` | counter | `subject` | payloads that failed decode and never reached a handler |
-//! | `ruststream_oversized_total` | counter | `subject` | messages over the subscriber's `max_message_size`, refused before decode |
+//! | `ruststream_malformed_total` | counter | `app`, `subject` | payloads that failed decode and never reached a handler |
+//! | `ruststream_oversized_total` | counter | `app`, `subject` | messages over the subscriber's `max_message_size`, refused before decode |
 //! | `ruststream_late_replies_total` | counter | `binding` | replies that arrived after their request ended (first terminal wins): `memory`, `redis` |
 //! | `ruststream_connection_events_total` | counter | `binding`, `event` | connection events of a broker client: `disconnected`, `connected`, `slow_consumer`, `pull_failed`, … |
-//! | `ruststream_handler_errors_total` | counter | `subject` | handler errors and panics |
-//! | `ruststream_rejected_total` | counter | `subject` | deliveries rejected (dead-lettered or dropped) |
-//! | `ruststream_attempts_exhausted_total` | counter | `subject` | deliveries past `max_attempts` that no earlier run settled (a crash loop), dead-lettered before the handler |
+//! | `ruststream_handler_errors_total` | counter | `app`, `subject` | handler errors and panics |
+//! | `ruststream_rejected_total` | counter | `app`, `subject` | deliveries rejected (dead-lettered or dropped) |
+//! | `ruststream_attempts_exhausted_total` | counter | `app`, `subject` | deliveries past `max_attempts` that no earlier run settled (a crash loop), dead-lettered before the handler |
 //! | `ruststream_unreadable_headers_total` | counter | `binding` | received headers (or fields) whose name or value is not valid UTF-8, dropped from the message; the message itself is handled |
 //! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` |
-//! | `ruststream_settle_errors_total` | counter | `subject` | ack/nack/reject calls the broker refused |
-//! | `ruststream_retry_lost_total` | counter | `subject` | `retry_after` republishes the broker refused |
+//! | `ruststream_settle_errors_total` | counter | `app`, `subject` | ack/nack/reject calls the broker refused |
+//! | `ruststream_retry_lost_total` | counter | `app`, `subject` | `retry_after` republishes the broker refused |
 //! | `ruststream_pressure_transitions_total` | counter | `to` | RUNNING/PAUSED transitions of the job queue |
 //! | `ruststream_pressure_paused` | gauge | | 1 while the job queue is PAUSED |
 //! | `ruststream_aborted_total` | counter | | handlers aborted by the shutdown timeout (their deliveries stay unsettled) |
 //! | `ruststream_jobs_in_use` | gauge | | job permits in use: reserved by a receive loop or travelling with a queued job |
 //! | `ruststream_job_waiters` | gauge | | receive loops waiting for a job permit: the shared-cap wait |
 //! | `ruststream_pressure_paused_seconds` | gauge | | total time the job queue has spent PAUSED |
-//! | `ruststream_structural_rejects_total` | counter | `subject` | requests an owner FIFO refused at its count or byte limit (`Error::StructuralLimit`) |
+//! | `ruststream_structural_rejects_total` | counter | `app`, `subject` | requests an owner FIFO refused at its count or byte limit (`Error::StructuralLimit`) |
 //! | `ruststream_handled_total` | counter | `app`, `subscriber`, `subject`, `outcome` | deliveries settled: `acked`, `retried`, `dead_lettered` (rejected), `malformed`, `refused` (a structural limit). `acked` reaches the recorder before each `/metrics` scrape, every second and at shutdown |
 //! | `ruststream_handler_duration_seconds` | histogram | `app`, `subscriber`, `subject` | handler run time (with [`record_handler_timings`] or `App::serve_metrics`) |
 //! | `ruststream_in_flight` | gauge | `app`, `subscriber`, `subject` | handlers running now (with [`record_handler_timings`] or `App::serve_metrics`) |
+//! | `ruststream_publish_duration_seconds` | histogram | `app`, `binding`, `operation`, `outcome` | time a publish (`publish`) or a handler's reply (`reply`) took until the broker took it; `outcome` `ok` or `error` (with [`record_handler_timings`] or `App::serve_metrics`) |
+//! | `ruststream_request_duration_seconds` | histogram | `app`, `binding`, `outcome` | time from sending a request to its reply: `ok`, `error` (a failure reply or a failed send) or `timeout` (with [`record_handler_timings`] or `App::serve_metrics`) |
+//!
+//! The subject-labelled counters of a binding (a Redis or NATS message
+//! refused before any subscriber saw it) carry an empty `app`. Publishes and
+//! requests are not labelled by subject: a service's subjects are often
+//! made from data (`orders.{id}`, reply inboxes), and every label value is a
+//! time series.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -36,8 +44,9 @@ pub const OVERSIZED: &str = "ruststream_oversized_total";
 /// Replies that arrived after their request had ended.
 pub const LATE_REPLIES: &str = "ruststream_late_replies_total";
 
-pub(crate) fn oversized(subject: &Text) {
-    metrics::counter!(OVERSIZED, "subject" => subject.to_string()).increment(1);
+pub(crate) fn oversized(app: &str, subject: &Text) {
+    metrics::counter!(OVERSIZED, "app" => app.to_owned(), "subject" => subject.to_string())
+        .increment(1);
 }
 
 pub(crate) fn late_reply(binding: &'static str) {
@@ -64,8 +73,8 @@ pub const ATTEMPTS_EXHAUSTED: &str = "ruststream_attempts_exhausted_total";
 /// Received headers dropped because they are not valid UTF-8.
 pub const UNREADABLE_HEADERS: &str = "ruststream_unreadable_headers_total";
 
-pub(crate) fn exhausted(subject: &Text) {
-    metrics::counter!(ATTEMPTS_EXHAUSTED, "subject" => subject.to_string()).increment(1);
+pub(crate) fn exhausted(app: &str, subject: &Text) {
+    metrics::counter!(ATTEMPTS_EXHAUSTED, "app" => app.to_owned(), "subject" => subject.to_string()).increment(1);
 }
 
 /// A received header (name `name`, on `subject`) left out of its message
@@ -129,8 +138,8 @@ pub(crate) fn paused_seconds(total: std::time::Duration) {
     metrics::gauge!(PRESSURE_PAUSED_SECONDS).set(total.as_secs_f64());
 }
 
-pub(crate) fn structural_reject(subject: &Text) {
-    metrics::counter!(STRUCTURAL_REJECTS, "subject" => subject.to_string()).increment(1);
+pub(crate) fn structural_reject(app: &str, subject: &Text) {
+    metrics::counter!(STRUCTURAL_REJECTS, "app" => app.to_owned(), "subject" => subject.to_string()).increment(1);
 }
 
 /// `retry_after` republishes that failed.
@@ -138,28 +147,33 @@ pub const RETRY_LOST: &str = "ruststream_retry_lost_total";
 /// Handlers aborted by the shutdown timeout.
 pub const ABORTED: &str = "ruststream_aborted_total";
 
-pub(crate) fn retry_lost(subject: &Text) {
-    metrics::counter!(RETRY_LOST, "subject" => subject.to_string()).increment(1);
+pub(crate) fn retry_lost(app: &str, subject: &Text) {
+    metrics::counter!(RETRY_LOST, "app" => app.to_owned(), "subject" => subject.to_string())
+        .increment(1);
 }
 
 pub(crate) fn aborted(loops: u64) {
     metrics::counter!(ABORTED).increment(loops);
 }
 
-pub(crate) fn malformed(subject: &Text) {
-    metrics::counter!(MALFORMED, "subject" => subject.to_string()).increment(1);
+pub(crate) fn malformed(app: &str, subject: &Text) {
+    metrics::counter!(MALFORMED, "app" => app.to_owned(), "subject" => subject.to_string())
+        .increment(1);
 }
 
-pub(crate) fn handler_error(subject: &Text) {
-    metrics::counter!(HANDLER_ERRORS, "subject" => subject.to_string()).increment(1);
+pub(crate) fn handler_error(app: &str, subject: &Text) {
+    metrics::counter!(HANDLER_ERRORS, "app" => app.to_owned(), "subject" => subject.to_string())
+        .increment(1);
 }
 
-pub(crate) fn rejected(subject: &Text) {
-    metrics::counter!(REJECTED, "subject" => subject.to_string()).increment(1);
+pub(crate) fn rejected(app: &str, subject: &Text) {
+    metrics::counter!(REJECTED, "app" => app.to_owned(), "subject" => subject.to_string())
+        .increment(1);
 }
 
-pub(crate) fn settle_error(subject: &Text) {
-    metrics::counter!(SETTLE_ERRORS, "subject" => subject.to_string()).increment(1);
+pub(crate) fn settle_error(app: &str, subject: &Text) {
+    metrics::counter!(SETTLE_ERRORS, "app" => app.to_owned(), "subject" => subject.to_string())
+        .increment(1);
 }
 
 pub(crate) fn deadline_exceeded(binding: &'static str) {
@@ -176,11 +190,41 @@ pub const HANDLER_DURATION: &str = "ruststream_handler_duration_seconds";
 /// [`record_handler_timings`]).
 pub const IN_FLIGHT: &str = "ruststream_in_flight";
 
+/// Publish and reply latency, by `app`, `binding`, `operation` and `outcome`.
+pub const PUBLISH_DURATION: &str = "ruststream_publish_duration_seconds";
+/// Request round-trip latency, by `app`, `binding` and `outcome`.
+pub const REQUEST_DURATION: &str = "ruststream_request_duration_seconds";
+
+/// One send observed by the app (`outcome`: `ok`, `error`, `timeout`).
+pub(crate) fn sent(
+    op: crate::spans::Op,
+    binding: &'static str,
+    app: &str,
+    outcome: &'static str,
+    took: std::time::Duration,
+) {
+    let app = app.to_owned();
+    let histogram = match op {
+        crate::spans::Op::Request => {
+            metrics::histogram!(REQUEST_DURATION, "app" => app, "binding" => binding, "outcome" => outcome)
+        }
+        op => metrics::histogram!(
+            PUBLISH_DURATION,
+            "app" => app,
+            "binding" => binding,
+            "operation" => op.as_str(),
+            "outcome" => outcome
+        ),
+    };
+    histogram.record(took.as_secs_f64());
+}
+
 static TIMINGS: AtomicBool = AtomicBool::new(false);
 
 /// Also records [`HANDLER_DURATION`] and [`IN_FLIGHT`] for subscribers
-/// started from now on (not `threads(n)` ones): two clock reads and two
-/// gauge updates per delivery, so it is off until asked for.
+/// started from now on (not `threads(n)` ones), and [`PUBLISH_DURATION`] and
+/// [`REQUEST_DURATION`] for apps and publishers made from now on: two clock
+/// reads and a histogram update per message, so it is off until asked for.
 /// `App::serve_metrics` turns it on; call this when you install a recorder
 /// of your own.
 ///
@@ -205,12 +249,26 @@ pub(crate) enum Handled {
     Refused,
 }
 
+impl Handled {
+    /// The `outcome` label.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Handled::Retried => "retried",
+            Handled::DeadLettered => "dead_lettered",
+            Handled::Malformed => "malformed",
+            Handled::Refused => "refused",
+        }
+    }
+}
+
 /// One subscriber's handles, registered when it starts. Acks — the path
 /// every delivery takes — are counted in an atomic and handed to the
 /// recorder by [`UnitMetrics::sync`] (before each `/metrics` scrape, every
 /// second, and at the end of the shutdown); the rarer outcomes go to the
 /// recorder at once.
 pub(crate) struct UnitMetrics {
+    /// The `app` label, for the counters labelled by subject alone.
+    app: Box<str>,
     acked_seen: AtomicU64,
     /// What the recorder has been told: only moves up, so concurrent syncs
     /// count each ack once.
@@ -234,6 +292,7 @@ impl UnitMetrics {
             labels
         };
         let outcome = |outcome: &'static str| metrics::counter!(HANDLED, labels(Some(outcome)));
+        let other = |how: Handled| outcome(how.as_str());
         let timings = timings_on().then(|| {
             (
                 metrics::histogram!(HANDLER_DURATION, labels(None)),
@@ -241,17 +300,23 @@ impl UnitMetrics {
             )
         });
         UnitMetrics {
+            app: app.into(),
             acked_seen: AtomicU64::new(0),
             acked_synced: AtomicU64::new(0),
             acked: outcome("acked"),
             others: [
-                outcome("retried"),
-                outcome("dead_lettered"),
-                outcome("malformed"),
-                outcome("refused"),
+                other(Handled::Retried),
+                other(Handled::DeadLettered),
+                other(Handled::Malformed),
+                other(Handled::Refused),
             ],
             timings,
         }
+    }
+
+    /// The app's name.
+    pub(crate) fn app(&self) -> &str {
+        &self.app
     }
 
     /// A delivery acked.

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::binding::{Broker, Requester};
 use crate::codec::{Decode, Encode};
-use crate::outgoing::Outgoing;
+use crate::outgoing::{Outgoing, send};
 use crate::{Codec, Envelope, Json, Message, Result};
 
 /// A typed publisher on broker `B` with codec `C` (JSON by default).
@@ -81,7 +81,7 @@ impl<B: Broker> Publisher<B> {
         Publisher {
             broker,
             timeout: None,
-            outgoing: Outgoing::default(),
+            outgoing: Outgoing::standalone(),
             codec: PhantomData,
         }
     }
@@ -139,12 +139,16 @@ impl<B: Broker, C: Codec> Publisher<B, C> {
 
     /// Publishes a prepared message, waiting for queue space at most this
     /// publisher's timeout.
-    pub async fn send(&self, subject: &str, mut message: Message) -> Result<()> {
+    pub async fn send(&self, subject: &str, message: Message) -> Result<()> {
         let deadline = self.timeout.map(|t| Instant::now() + t);
-        self.outgoing.apply(subject, &mut message);
-        self.broker
-            .publish_message(subject, message, deadline)
-            .await
+        send!(
+            self.outgoing,
+            Publish,
+            self.broker.name(),
+            subject,
+            message,
+            self.broker.publish_message(subject, message, deadline)
+        )
     }
 
     /// Publishes a prepared message, waiting for queue space until
@@ -152,13 +156,18 @@ impl<B: Broker, C: Codec> Publisher<B, C> {
     pub async fn send_until(
         &self,
         subject: &str,
-        mut message: Message,
+        message: Message,
         deadline: Instant,
     ) -> Result<()> {
-        self.outgoing.apply(subject, &mut message);
-        self.broker
-            .publish_message(subject, message, Some(deadline))
-            .await
+        send!(
+            self.outgoing,
+            Publish,
+            self.broker.name(),
+            subject,
+            message,
+            self.broker
+                .publish_message(subject, message, Some(deadline))
+        )
     }
 }
 
@@ -202,10 +211,16 @@ impl<B: Requester, C: Codec> Publisher<B, C> {
     pub async fn request_message(
         &self,
         subject: &str,
-        mut message: Message,
+        message: Message,
         timeout: Duration,
     ) -> Result<Envelope> {
-        self.outgoing.apply(subject, &mut message);
-        self.broker.request_message(subject, message, timeout).await
+        send!(
+            self.outgoing,
+            Request,
+            self.broker.name(),
+            subject,
+            message,
+            self.broker.request_message(subject, message, timeout)
+        )
     }
 }

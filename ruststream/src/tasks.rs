@@ -110,6 +110,7 @@ pub(crate) fn schedule_retry<B: Broker>(
     let broker = broker.clone();
     let flush = app.flush_retries().clone();
     let env = env.clone();
+    let name: Box<str> = app.metrics().app().into();
     app.spawn(async move {
         let due = Instant::now() + delay;
         tokio::select! {
@@ -118,13 +119,13 @@ pub(crate) fn schedule_retry<B: Broker>(
         }
         let remaining = due.saturating_duration_since(Instant::now());
         let message = env.retry_copy(remaining);
-        republish(&broker, env.subject(), message).await;
+        republish(&broker, &name, env.subject(), message).await;
     });
 }
 
-async fn republish<B: Broker>(broker: &B, subject: &Text, message: Message) {
+async fn republish<B: Broker>(broker: &B, app: &str, subject: &Text, message: Message) {
     if let Err(err) = broker.publish_message(subject, message, None).await {
-        crate::metrics::retry_lost(subject);
+        crate::metrics::retry_lost(app, subject);
         tracing::error!(subject = %subject, error = %err, "retry_after republish failed");
     }
 }

@@ -411,7 +411,7 @@ impl<B: Broker> App<B> {
             self.after_ack,
             &self.jobs,
             self.brokers.clone(),
-            Outgoing::new(self.on_publish),
+            Outgoing::new(&self.name, self.on_publish),
         )?;
         app.metrics().name_app(self.name);
         RunningApp::start(Parts {

@@ -54,6 +54,7 @@ async fn open<B: Broker, S: Subscriber>(
     broker: B,
     subscriber: Arc<S>,
     service: Option<HandlerService>,
+    traced: bool,
     config: SubscriberConfig,
     cx: StartContext,
 ) -> Result<Opened<B, S>> {
@@ -70,6 +71,7 @@ async fn open<B: Broker, S: Subscriber>(
     cx.app.metrics().add(&metrics);
     let unit = Unit {
         metrics,
+        traced,
         broker,
         subscriber,
         config,
@@ -143,14 +145,20 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
                 .chain(&self.config.middleware)
                 .cloned()
                 .collect();
-            // Timed handlers take the stack path, which reads the clock.
-            let service = stack::stack(&subscriber, &middleware, crate::metrics::timings_on());
+            // Timed and traced handlers take the stack path, which reads
+            // the clock and runs in the delivery's span.
+            let traced = crate::spans::enabled();
+            let service = stack::stack(
+                &subscriber,
+                &middleware,
+                traced || crate::metrics::timings_on(),
+            );
             let Opened {
                 unit,
                 subscription: sub,
                 stop,
                 registration: reg,
-            } = open(self.broker, subscriber, service, self.config, cx).await?;
+            } = open(self.broker, subscriber, service, traced, self.config, cx).await?;
             Ok(match mode {
                 Mode::Sequential => spawn_loop(reg, exec::sequential::run(unit, sub, stop)),
                 Mode::Workers { n, by_key: false } => {
@@ -219,7 +227,8 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
                 );
             }
             let subscriber = Arc::new(self.subscriber);
-            let opened = open(self.broker, subscriber, None, self.config, cx).await?;
+            let traced = crate::spans::enabled();
+            let opened = open(self.broker, subscriber, None, traced, self.config, cx).await?;
             Ok(spawn_loop(
                 opened.registration,
                 exec::threads::run(

@@ -312,7 +312,11 @@ async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
             match job.open(unit) {
                 Ok((delivery, body, permit)) => {
                     drop(permit);
-                    invoke!(unit, delivery, handle(body));
+                    if unit.traced && unit.service.is_none() {
+                        Box::pin(unit.traced_local(delivery, body)).await;
+                    } else {
+                        invoke!(unit, delivery, handle(body));
+                    }
                 }
                 Err((delivery, early, permit)) => {
                     Box::pin(unit.settle_early(delivery, early)).await;

@@ -26,7 +26,8 @@ use crate::middleware::HandlerService;
 pub(crate) use crate::subscriber::Outcome;
 use crate::subscriber::{Subscriber, SubscriberConfig};
 use crate::tasks::{self, FollowUps};
-use crate::{BoxError, HandlerError, Message, Text, metrics};
+use crate::{BoxError, HandlerError, Message, Text, metrics, spans};
+use tracing::Instrument;
 
 pub(crate) mod stack;
 
@@ -47,6 +48,10 @@ pub(crate) struct Unit<B, S> {
     /// Outcome counts; with timings on, the handler runs on the stack path
     /// (`stack.rs`), which times it, so this path reads no clock.
     pub(crate) metrics: Arc<metrics::UnitMetrics>,
+    /// A tracing subscriber wanted spans when this unit started: each
+    /// delivery runs in its `process` span, on the stack path (or, for
+    /// `!Send` handlers, on [`Unit::traced_local`]), never on the fast one.
+    pub(crate) traced: bool,
 }
 
 /// What [`Unit::check`] decided before the handler.
@@ -214,16 +219,32 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         }
     }
 
-    /// Settles a delivery that stops before the handler.
+    /// Settles a delivery that stops before the handler (in its span, when
+    /// traced).
     pub(crate) async fn settle_early<D: Delivery>(&self, delivery: D, early: Early) {
+        if self.traced {
+            let span = self.span(delivery.envelope());
+            return self
+                .settle_early_here(delivery, early)
+                .instrument(span)
+                .await;
+        }
+        self.settle_early_here(delivery, early).await
+    }
+
+    async fn settle_early_here<D: Delivery>(&self, delivery: D, early: Early) {
         match early {
             Early::RetryDelay(delay) => {
                 // A `retry_after` a shutdown published early: re-arm its timer
                 // for the delay it still had (RT-10).
                 let env = delivery.envelope().clone();
                 match delivery.retry_after(delay).await {
-                    RetryAfter::Held(result) => self.settled(result),
+                    RetryAfter::Held(result) => {
+                        self.record("delayed");
+                        self.settled(result)
+                    }
                     RetryAfter::NotHeld(delivery) => {
+                        self.record("delayed");
                         let acked = delivery.ack().await;
                         if acked.is_ok() {
                             tasks::schedule_retry(&self.broker, &self.app, &env, delay);
@@ -236,22 +257,23 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 unreachable!("an accepted delivery is not settled early")
             }
             Early::Layer(Verdict::Skip) => {
-                self.metrics.acked();
+                self.acked();
                 self.settled(delivery.ack().await);
             }
             Early::Layer(Verdict::Retry) => {
-                self.metrics.handled(Handled::Retried);
+                self.handled(Handled::Retried);
                 self.settled(delivery.nack().await);
             }
             Early::Layer(Verdict::Reject(reason)) => {
-                self.metrics.handled(Handled::DeadLettered);
-                metrics::rejected(&self.config.subject);
+                tracing::warn!(subject = %delivery.envelope().subject(), reason, dead_letter = self.dead_letter(), "an accept layer rejected the message");
+                self.handled(Handled::DeadLettered);
+                metrics::rejected(self.metrics.app(), &self.config.subject);
                 self.settled(delivery.reject(&reason).await);
             }
             Early::Malformed(err) => self.malformed(delivery, err).await,
             Early::Oversized(size) => {
-                self.metrics.handled(Handled::DeadLettered);
-                metrics::oversized(&self.config.subject);
+                self.handled(Handled::DeadLettered);
+                metrics::oversized(self.metrics.app(), &self.config.subject);
                 let err = format!(
                     "message of {size} bytes (headers + payload) exceeds max_message_size {}",
                     self.config.max_message_size
@@ -268,17 +290,17 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// crash loop ends.
     #[cold]
     async fn exhausted<D: Delivery>(&self, delivery: D, attempt: u32) {
-        self.metrics.handled(Handled::DeadLettered);
-        metrics::exhausted(&self.config.subject);
+        self.handled(Handled::DeadLettered);
+        metrics::exhausted(self.metrics.app(), &self.config.subject);
         let reason = format!(
             "attempts exhausted: delivered {attempt} times, max_attempts {}, and no \
              earlier run settled it (did the handler crash the process?)",
             self.config.max_attempts
         );
-        tracing::error!(subject = %delivery.envelope().subject(), attempt, "{reason}; message rejected before the handler");
+        tracing::error!(subject = %delivery.envelope().subject(), attempt, dead_letter = self.dead_letter(), "{reason}; message rejected before the handler");
         self.reply(&delivery, error_reply(&reason), Some("handler-error"))
             .await;
-        metrics::rejected(&self.config.subject);
+        metrics::rejected(self.metrics.app(), &self.config.subject);
         self.settled(delivery.reject(&reason).await);
     }
 
@@ -308,7 +330,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         };
         match outcome {
             Outcome::Ack(reply) => {
-                self.metrics.acked();
+                self.acked();
                 if let Some(reply) = reply {
                     let mut reply = Message::new(reply);
                     if let Some(content_type) = self.subscriber.reply_content_type() {
@@ -354,8 +376,8 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// request gets a `protocol-error` reply; the message is rejected (to the
     /// dead-letter subject when configured), logged and counted.
     async fn malformed<D: Delivery>(&self, delivery: D, err: BoxError) {
-        self.metrics.handled(Handled::Malformed);
-        metrics::malformed(&self.config.subject);
+        self.handled(Handled::Malformed);
+        metrics::malformed(self.metrics.app(), &self.config.subject);
         self.refused(delivery, format!("malformed payload: {err}").into())
             .await;
     }
@@ -368,12 +390,13 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         tracing::warn!(
             subject = %env.subject(),
             error = %err,
+            dead_letter = self.dead_letter(),
             "payload refused before the handler"
         );
         let reason = err.to_string();
         self.reply(&delivery, error_reply(&reason), Some("protocol-error"))
             .await;
-        metrics::rejected(&self.config.subject);
+        metrics::rejected(self.metrics.app(), &self.config.subject);
         self.settled(delivery.reject(&reason).await);
     }
 
@@ -383,8 +406,16 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// `reason` is said once, in plain words: the caller's error adds what
     /// kind of failure it is.
     pub(crate) async fn refuse<D: Delivery>(&self, delivery: D, reason: &str) {
-        self.metrics.handled(Handled::Refused);
-        metrics::structural_reject(&self.config.subject);
+        if self.traced {
+            let span = self.span(delivery.envelope());
+            return self.refuse_here(delivery, reason).instrument(span).await;
+        }
+        self.refuse_here(delivery, reason).await
+    }
+
+    async fn refuse_here<D: Delivery>(&self, delivery: D, reason: &str) {
+        self.handled(Handled::Refused);
+        metrics::structural_reject(self.metrics.app(), &self.config.subject);
         tracing::warn!(subject = %self.config.subject, reason, "request refused by a structural limit");
         self.reply(&delivery, error_reply(reason), Some("structural-limit"))
             .await;
@@ -395,7 +426,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// it, else reject (never an endless redelivery loop).
     async fn failed<D: Delivery>(&self, delivery: D, err: HandlerError) {
         let env = delivery.envelope();
-        metrics::handler_error(&self.config.subject);
+        metrics::handler_error(self.metrics.app(), &self.config.subject);
         let attempt = env.total_attempt();
         let stage = if err.is_before_handler() {
             "an extractor refused the delivery"
@@ -410,15 +441,16 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 error = %err,
                 "{stage}; redelivering"
             );
-            self.metrics.handled(Handled::Retried);
+            self.handled(Handled::Retried);
             return self.settled(delivery.nack().await);
         }
-        tracing::error!(
-            subject = %env.subject(),
-            attempt,
-            error = %err,
-            "{stage}; message rejected"
-        );
+        if !err.is_retry() && env.reply_to().is_some() {
+            // A request the handler turned down: its caller gets the error
+            // and decides; the service itself did nothing wrong.
+            tracing::warn!(subject = %env.subject(), attempt, error = %err, dead_letter = self.dead_letter(), "{stage}; request rejected");
+        } else {
+            tracing::error!(subject = %env.subject(), attempt, error = %err, dead_letter = self.dead_letter(), "{stage}; message rejected");
+        }
         let reason = if err.is_before_handler() {
             format!("refused before the handler at attempt {attempt}: {err}")
         } else {
@@ -426,8 +458,8 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         };
         self.reply(&delivery, error_reply(&reason), Some("handler-error"))
             .await;
-        self.metrics.handled(Handled::DeadLettered);
-        metrics::rejected(&self.config.subject);
+        self.handled(Handled::DeadLettered);
+        metrics::rejected(self.metrics.app(), &self.config.subject);
         self.settled(delivery.reject(&reason).await);
         if self.config.fail_fast {
             tracing::error!(subject = %self.config.subject, "fail-fast subscriber gave up a message: shutting the app down");
@@ -456,9 +488,48 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         if let Some(id) = env.correlation_id() {
             message = message.with_correlation_id(id.clone());
         }
-        self.app.outgoing().apply(reply_to, &mut message);
-        if let Err(err) = self.broker.publish_message(reply_to, message, None).await {
+        let sent = crate::outgoing::send!(
+            self.app.outgoing(),
+            Reply,
+            self.broker.name(),
+            reply_to,
+            message,
+            self.broker.publish_message(reply_to, message, None)
+        );
+        if let Err(err) = sent {
             tracing::warn!(subject = %env.subject(), reply_to = %reply_to, error = %err, "reply not published");
+        }
+    }
+
+    /// Where a rejected delivery goes, for the log line that says so.
+    fn dead_letter(&self) -> &str {
+        self.config
+            .dead_letter
+            .as_ref()
+            .map_or("none: the message is dropped", |s| s.as_str())
+    }
+
+    /// The span of a delivery of this unit.
+    pub(crate) fn span(&self, env: &crate::Envelope) -> tracing::Span {
+        spans::process(self.broker.name(), self.subscriber.name(), env)
+    }
+
+    /// A delivery acked, counted (and told to its span).
+    fn acked(&self) {
+        self.metrics.acked();
+        self.record("acked");
+    }
+
+    /// A delivery that ended otherwise, counted (and told to its span).
+    fn handled(&self, how: Handled) {
+        self.metrics.handled(how);
+        self.record(how.as_str());
+    }
+
+    /// Tells the current delivery's span how it ended.
+    fn record(&self, outcome: &'static str) {
+        if self.traced {
+            spans::outcome(&tracing::Span::current(), outcome);
         }
     }
 
@@ -471,7 +542,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
 
     #[cold]
     fn settle_failed(&self, err: crate::Error) {
-        metrics::settle_error(&self.config.subject);
+        metrics::settle_error(self.metrics.app(), &self.config.subject);
         tracing::warn!(subject = %self.config.subject, error = %err, "settlement failed");
     }
 }

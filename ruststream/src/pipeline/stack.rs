@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 
 use tower::Service;
 use tower::util::BoxCloneSyncService;
+use tracing::Instrument;
 
 use super::{Caught, Unit, or_abort};
 use crate::binding::erased::ErasedBroker;
@@ -89,6 +90,19 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         delivery: D,
         body: Box<dyn Any + Send>,
     ) {
+        if self.traced {
+            let span = self.span(delivery.envelope());
+            return self.stacked(service, delivery, body).instrument(span).await;
+        }
+        self.stacked(service, delivery, body).await
+    }
+
+    async fn stacked<D: Delivery>(
+        &self,
+        service: &HandlerService,
+        delivery: D,
+        body: Box<dyn Any + Send>,
+    ) {
         let mut aborted = pin!(self.abort.cancelled());
         let started = self.metrics.started();
         let called = {
@@ -110,6 +124,32 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         if or_abort(settle, aborted).await.is_none() {
             self.aborted();
         }
+    }
+}
+
+impl<B: Broker, S: Subscriber> Unit<B, S> {
+    /// `invoke!` for a traced `!Send` handler (which has no stack): the
+    /// handler and its settlement in the delivery's span.
+    pub(crate) async fn traced_local<D: Delivery>(&self, delivery: D, body: S::Body) {
+        let span = self.span(delivery.envelope());
+        async {
+            let mut aborted = pin!(self.abort.cancelled());
+            let scope = Scope::new(delivery.envelope(), &self.app, &self.broker);
+            let outcome = {
+                let handler = pin!(self.subscriber.handle(body, &scope));
+                or_abort(Caught(handler), aborted.as_mut()).await
+            };
+            let Some(outcome) = outcome else {
+                return self.aborted();
+            };
+            let follow_ups = scope.into_follow_ups();
+            let settle = pin!(self.settle_outcome(delivery, outcome, follow_ups));
+            if or_abort(settle, aborted).await.is_none() {
+                self.aborted();
+            }
+        }
+        .instrument(span)
+        .await
     }
 }
 

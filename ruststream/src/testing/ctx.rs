@@ -99,7 +99,7 @@ impl TestCtxBuilder {
             None,
             &JobQueueSettings::default(),
             vec![Arc::clone(&erased)],
-            Outgoing::new(vec![hook]),
+            Outgoing::new("app", vec![hook]),
         )
         .expect("the default job queue settings are valid");
         let envelope = Envelope::new(self.subject, self.message).with_attempt(self.attempt);

@@ -142,7 +142,8 @@ impl Delivery for KafkaDelivery {
     /// the copy cannot be sent, the record is handed out again.
     async fn reject(self, reason: &str) -> Result<()> {
         let Some(dead_letter) = self.shared.dead_letter.clone() else {
-            tracing::warn!(
+            // Debug: the runtime already logged the rejection and its reason.
+            tracing::debug!(
                 subject = %self.env.subject(),
                 attempt = self.env.attempt(),
                 reason,

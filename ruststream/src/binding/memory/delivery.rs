@@ -209,7 +209,8 @@ impl Delivery for MemoryDelivery {
         let (Some(dead_letter), Some(broker)) =
             (&self.queue.dead_letter, self.queue.broker.upgrade())
         else {
-            tracing::warn!(
+            // Debug: the runtime already logged the rejection and its reason.
+            tracing::debug!(
                 subject = %env.subject(),
                 attempt = env.attempt(),
                 reason,

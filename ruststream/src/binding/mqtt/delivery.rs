@@ -122,7 +122,8 @@ impl Delivery for MqttDelivery {
                     .publish_raw(dead_letter, &message, &extra, QoS::AtLeastOnce, false, None)
                     .await?;
             }
-            None => tracing::warn!(
+            // Debug: the runtime already logged the rejection and its reason.
+            None => tracing::debug!(
                 subject = %self.env.subject(),
                 attempt = self.env.attempt(),
                 reason,

@@ -192,7 +192,8 @@ impl Delivery for NatsDelivery {
     /// message with a warning when there is none.
     async fn reject(self, reason: &str) -> Result<()> {
         let Some(dead_letter) = &self.shared.dead_letter else {
-            tracing::warn!(
+            // Debug: the runtime already logged the rejection and its reason.
+            tracing::debug!(
                 subject = %self.env.subject(),
                 attempt = self.env.attempt(),
                 reason,

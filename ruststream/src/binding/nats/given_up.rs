@@ -140,10 +140,10 @@ impl Watch {
         };
         let subject = Text::from(raw.subject.as_str());
         match unreadable {
-            0 => crate::metrics::exhausted(&subject),
-            _ => crate::metrics::malformed(&subject),
+            0 => crate::metrics::exhausted("", &subject),
+            _ => crate::metrics::malformed("", &subject),
         }
-        crate::metrics::rejected(&subject);
+        crate::metrics::rejected("", &subject);
         tracing::warn!(stream = %self.stream, sequence, reason, "JetStream gave up on a message");
         let Some(dead_letter) = &self.dead_letter else {
             tracing::warn!(stream = %self.stream, sequence, "no dead-letter subject: the message stays in the stream, never delivered again");

@@ -240,7 +240,8 @@ impl Delivery for RabbitDelivery {
                     return self.reject_to_dead_letter_exchange().await;
                 }
             }
-            None => tracing::warn!(
+            // Debug: the runtime already logged the rejection and its reason.
+            None => tracing::debug!(
                 subject = %self.env.subject(),
                 attempt = self.env.attempt(),
                 reason,

@@ -287,8 +287,8 @@ impl RedisSubscription {
         pipe.atomic();
         let mut ids = Vec::with_capacity(malformed.len());
         for (entry, attempt, reason) in malformed {
-            crate::metrics::malformed(&shared.subject);
-            crate::metrics::rejected(&shared.subject);
+            crate::metrics::malformed("", &shared.subject);
+            crate::metrics::rejected("", &shared.subject);
             tracing::warn!(stream = %shared.stream, id = %entry.id, reason, "malformed Redis entry refused before the handler");
             if let Some(dead_letter) = &shared.dead_letter {
                 let mut copy = shared.broker.xadd_to(dead_letter);
@@ -454,7 +454,8 @@ impl Delivery for RedisDelivery {
                     .with_header(header::ATTEMPT, attempt.to_string());
                 pipe.add_command(shared.broker.xadd(dead_letter, &message));
             }
-            None => tracing::warn!(
+            // Debug: the runtime already logged the rejection and its reason.
+            None => tracing::debug!(
                 subject = %shared.subject,
                 attempt = self.env.attempt(),
                 reason,
