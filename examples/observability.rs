@@ -1,11 +1,18 @@
-//! Observability: logs through `tracing`, and `/metrics`, `/health` and
-//! `/ready` served by the app (feature `prometheus`).
+//! Observability, all of it on: logs and spans through `tracing`, the spans
+//! exported to OpenTelemetry with trace context carried by the messages
+//! (feature `opentelemetry`), and `/metrics`, `/health` and `/ready` served
+//! by the app (feature `prometheus`).
 //!
 //! Run it with `cargo run --example observability`. It serves on
 //! `RUSTSTREAM_METRICS_ADDR` (default `127.0.0.1:9464`), handles a few
-//! orders (one of them malformed), reads its own `/ready` and `/metrics`
-//! over HTTP, prints the `ruststream_` lines, and exits 0. While it runs,
+//! orders (one of them malformed; each confirmed order is published on to a
+//! second subscriber, in the same trace), reads its own `/ready` and
+//! `/metrics` over HTTP, prints the `ruststream_` lines and the finished
+//! spans with their trace ids, and exits 0. While it runs,
 //! `curl http://127.0.0.1:9464/metrics` shows the same.
+//!
+//! The spans go to a printing exporter here; in production use the OTLP
+//! one (`opentelemetry-otlp`) in its place, as the guide shows.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -20,8 +27,45 @@ struct Order {
 }
 
 #[subscriber("orders.created", dead_letter = "orders.dead")]
-async fn confirm(order: Order) {
+async fn confirm(order: Order, ctx: Ctx) -> Result<(), HandlerError> {
+    // Inside the delivery's span: this line carries its fields.
     tracing::info!(order = order.id, "confirmed");
+    // Carries the trace context: `ship` continues this trace.
+    ctx.publish("orders.confirmed", &order).await?;
+    Ok(())
+}
+
+#[subscriber("orders.confirmed")]
+async fn ship(order: Order) {
+    tracing::info!(order = order.id, "shipping");
+}
+
+/// Prints each finished span: trace, span and parent ids, name, outcome.
+#[derive(Debug)]
+struct PrintSpans;
+
+impl opentelemetry_sdk::trace::SpanExporter for PrintSpans {
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        for span in batch {
+            let outcome = span
+                .attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == "ruststream.outcome")
+                .map(|kv| kv.value.to_string())
+                .unwrap_or_default();
+            println!(
+                "span trace={} id={} parent={} {} {outcome}",
+                span.span_context.trace_id(),
+                span.span_context.span_id(),
+                span.parent_span_id,
+                span.name,
+            );
+        }
+        Ok(())
+    }
 }
 
 /// One GET, the way a scraper or a probe does it.
@@ -37,11 +81,22 @@ async fn get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
 
 #[ruststream::app]
 async fn main() -> ruststream::Result<()> {
-    // Logs: nothing is printed until a subscriber is installed.
-    tracing_subscriber::fmt()
-        .with_env_filter(
+    // Logs and spans: nothing is recorded until a subscriber is installed,
+    // and it must be installed before the app starts. The fmt layer prints
+    // log lines (with the fields of the spans around them); the
+    // OpenTelemetry layer exports the spans.
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(PrintSpans)
+        .build();
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        ))
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("orders-service")))
         .init();
 
     let addr: SocketAddr = std::env::var("RUSTSTREAM_METRICS_ADDR")
@@ -53,6 +108,7 @@ async fn main() -> ruststream::Result<()> {
         .name("orders-service")
         .broker(broker.clone())
         .subscriber(confirm)
+        .subscriber(ship)
         .serve_metrics(addr)
         .start()
         .await?;
@@ -91,7 +147,10 @@ async fn main() -> ruststream::Result<()> {
     }
     for line in metrics
         .lines()
-        .filter(|l| l.starts_with("ruststream_handled_total"))
+        .filter(|l| {
+            l.starts_with("ruststream_handled_total")
+                || l.starts_with("ruststream_publish_duration_seconds_count")
+        })
     {
         println!("{line}");
     }
@@ -101,5 +160,9 @@ async fn main() -> ruststream::Result<()> {
             .any(|l| l.contains("outcome=\"acked\"") && l.ends_with(" 5")),
         "five orders acked:\n{metrics}"
     );
-    running.shutdown().await
+    running.shutdown().await?;
+    // Export what is still buffered (a batch exporter holds spans).
+    provider
+        .shutdown()
+        .map_err(|err| ruststream::Error::App(err.into()))
 }

@@ -138,14 +138,12 @@ macro_rules! send {
     ($outgoing:expr, $op:ident, $system:expr, $subject:expr, $message:ident, $send:expr) => {{
         #[allow(unused_mut)]
         let mut $message = $message;
-        match $outgoing.observed() {
+        let observed = $outgoing.observed();
+        match observed
+            .and_then(|o| o.apply($crate::spans::Op::$op, $system, $subject, &mut $message))
+        {
             None => $send.await,
-            Some(observed) => {
-                match observed.apply($crate::spans::Op::$op, $system, $subject, &mut $message) {
-                    None => $send.await,
-                    Some(sending) => ::std::boxed::Box::pin(sending.observe($send)).await,
-                }
-            }
+            Some(sending) => ::std::boxed::Box::pin(sending.observe($send)).await,
         }
     }};
 }

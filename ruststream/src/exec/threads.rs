@@ -303,6 +303,8 @@ async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
     let ring = &rings.rings[index];
     let wait = RingWait::new();
     let mut taken = VecDeque::with_capacity(RING_SLOTS);
+    // A traced `!Send` handler has no stack to take its span: its own path.
+    let traced_local = unit.traced && unit.service.is_none();
     while wait.take_all(ring, &mut taken).await {
         while let Some(job) = taken.pop_front() {
             ring.start(|| rings.freed());
@@ -312,7 +314,7 @@ async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
             match job.open(unit) {
                 Ok((delivery, body, permit)) => {
                     drop(permit);
-                    if unit.traced && unit.service.is_none() {
+                    if traced_local {
                         Box::pin(unit.traced_local(delivery, body)).await;
                     } else {
                         invoke!(unit, delivery, handle(body));
