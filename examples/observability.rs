@@ -145,13 +145,10 @@ async fn main() -> ruststream::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for line in metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("ruststream_handled_total")
-                || l.starts_with("ruststream_publish_duration_seconds_count")
-        })
-    {
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("ruststream_handled_total")
+            || l.starts_with("ruststream_publish_duration_seconds_count")
+    }) {
         println!("{line}");
     }
     assert!(

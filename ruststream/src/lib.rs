@@ -141,7 +141,7 @@ mod book {
     #[cfg(feature = "testing")]
     #[doc = include_str!("../../book/src/testing.md")]
     mod testing {}
-    #[cfg(feature = "prometheus")]
+    #[cfg(all(feature = "prometheus", feature = "opentelemetry"))]
     #[doc = include_str!("../../book/src/observability.md")]
     mod observability {}
     #[doc = include_str!("../../book/src/middleware.md")]

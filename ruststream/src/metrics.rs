@@ -14,12 +14,12 @@
 //! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes that failed with `DeadlineExceeded` |
 //! | `ruststream_settle_errors_total` | counter | `app`, `subject` | ack/nack/reject calls the broker refused |
 //! | `ruststream_retry_lost_total` | counter | `app`, `subject` | `retry_after` republishes the broker refused |
-//! | `ruststream_pressure_transitions_total` | counter | `to` | RUNNING/PAUSED transitions of the job queue |
-//! | `ruststream_pressure_paused` | gauge | | 1 while the job queue is PAUSED |
+//! | `ruststream_pressure_transitions_total` | counter | `app`, `to` | RUNNING/PAUSED transitions of the job queue |
+//! | `ruststream_pressure_paused` | gauge | `app` | 1 while the job queue is PAUSED |
 //! | `ruststream_aborted_total` | counter | | handlers aborted by the shutdown timeout (their deliveries stay unsettled) |
-//! | `ruststream_jobs_in_use` | gauge | | job permits in use: reserved by a receive loop or travelling with a queued job |
-//! | `ruststream_job_waiters` | gauge | | receive loops waiting for a job permit: the shared-cap wait |
-//! | `ruststream_pressure_paused_seconds` | gauge | | total time the job queue has spent PAUSED |
+//! | `ruststream_jobs_in_use` | gauge | `app` | job permits in use: reserved by a receive loop or travelling with a queued job |
+//! | `ruststream_job_waiters` | gauge | `app` | receive loops waiting for a job permit: the shared-cap wait |
+//! | `ruststream_pressure_paused_seconds` | gauge | `app` | total time the job queue has spent PAUSED |
 //! | `ruststream_structural_rejects_total` | counter | `app`, `subject` | requests an owner FIFO refused at its count or byte limit (`Error::StructuralLimit`) |
 //! | `ruststream_handled_total` | counter | `app`, `subscriber`, `subject`, `outcome` | deliveries settled: `acked`, `retried`, `dead_lettered` (rejected), `malformed`, `refused` (a structural limit). `acked` reaches the recorder before each `/metrics` scrape, every second and at shutdown |
 //! | `ruststream_handler_duration_seconds` | histogram | `app`, `subscriber`, `subject` | handler run time (with [`record_handler_timings`] or `App::serve_metrics`) |
@@ -107,10 +107,10 @@ pub const PRESSURE_TRANSITIONS: &str = "ruststream_pressure_transitions_total";
 /// Current pressure state: 1 paused, 0 running.
 pub const PRESSURE_PAUSED: &str = "ruststream_pressure_paused";
 
-pub(crate) fn pressure_transition(paused: bool) {
+pub(crate) fn pressure_transition(app: &str, paused: bool) {
     let to = if paused { "paused" } else { "running" };
-    metrics::counter!(PRESSURE_TRANSITIONS, "to" => to).increment(1);
-    metrics::gauge!(PRESSURE_PAUSED).set(if paused { 1.0 } else { 0.0 });
+    metrics::counter!(PRESSURE_TRANSITIONS, "app" => app.to_owned(), "to" => to).increment(1);
+    metrics::gauge!(PRESSURE_PAUSED, "app" => app.to_owned()).set(if paused { 1.0 } else { 0.0 });
 }
 
 /// Job permits in use.
@@ -125,17 +125,17 @@ pub const STRUCTURAL_REJECTS: &str = "ruststream_structural_rejects_total";
 /// The handle of [`JOBS_IN_USE`], registered once per job queue: a per-permit
 /// update through the facade's key lookup cost more than the permit itself.
 /// (Install the recorder before starting the app, as with every recorder.)
-pub(crate) fn jobs_in_use() -> metrics::Gauge {
-    metrics::gauge!(JOBS_IN_USE)
+pub(crate) fn jobs_in_use(app: &str) -> metrics::Gauge {
+    metrics::gauge!(JOBS_IN_USE, "app" => app.to_owned())
 }
 
 /// The handle of [`JOB_WAITERS`], registered once per job queue.
-pub(crate) fn job_waiters() -> metrics::Gauge {
-    metrics::gauge!(JOB_WAITERS)
+pub(crate) fn job_waiters(app: &str) -> metrics::Gauge {
+    metrics::gauge!(JOB_WAITERS, "app" => app.to_owned())
 }
 
-pub(crate) fn paused_seconds(total: std::time::Duration) {
-    metrics::gauge!(PRESSURE_PAUSED_SECONDS).set(total.as_secs_f64());
+pub(crate) fn paused_seconds(app: &str, total: std::time::Duration) {
+    metrics::gauge!(PRESSURE_PAUSED_SECONDS, "app" => app.to_owned()).set(total.as_secs_f64());
 }
 
 pub(crate) fn structural_reject(app: &str, subject: &Text) {
@@ -383,19 +383,18 @@ impl Drop for UnitMetrics {
 
 /// Every subscriber's [`UnitMetrics`] of one app, to sync, and the app's
 /// name (their `app` label).
-#[derive(Default)]
 pub(crate) struct Registry(
     std::sync::Mutex<Vec<std::sync::Weak<UnitMetrics>>>,
-    std::sync::OnceLock<String>,
+    Box<str>,
 );
 
 impl Registry {
-    pub(crate) fn name_app(&self, name: String) {
-        let _ = self.1.set(name);
+    pub(crate) fn named(name: &str) -> Self {
+        Registry(Default::default(), name.into())
     }
 
     pub(crate) fn app(&self) -> &str {
-        self.1.get().map_or("app", String::as_str)
+        &self.1
     }
 
     pub(crate) fn add(&self, unit: &std::sync::Arc<UnitMetrics>) {

@@ -77,19 +77,21 @@ impl<B: Broker, C> std::fmt::Debug for Publisher<B, C> {
 
 impl<B: Broker> Publisher<B> {
     /// A JSON publisher on `broker`, with the broker's default publish timeout.
+    /// Its sends are spans (and timed) when a tracing subscriber (and
+    /// [`record_handler_timings`](crate::metrics::record_handler_timings))
+    /// was installed before it was made.
     pub fn new(broker: B) -> Self {
+        Publisher::of_app(broker, Outgoing::standalone())
+    }
+
+    /// A publisher the app hands out: its publish hooks, spans and timings.
+    pub(crate) fn of_app(broker: B, outgoing: Outgoing) -> Self {
         Publisher {
             broker,
             timeout: None,
-            outgoing: Outgoing::standalone(),
+            outgoing,
             codec: PhantomData,
         }
-    }
-
-    /// The same publisher, running the app's publish hooks on every send.
-    pub(crate) fn with_outgoing(mut self, outgoing: Outgoing) -> Self {
-        self.outgoing = outgoing;
-        self
     }
 }
 

@@ -407,13 +407,13 @@ impl<B: Broker> App<B> {
             return Err(mistake);
         }
         let app = AppHandle::new(
+            &self.name,
             self.state,
             self.after_ack,
             &self.jobs,
             self.brokers.clone(),
             Outgoing::new(&self.name, self.on_publish),
         )?;
-        app.metrics().name_app(self.name);
         RunningApp::start(Parts {
             brokers: self.brokers,
             units: self.units,

@@ -63,6 +63,7 @@ impl std::fmt::Debug for AppHandle {
 impl AppHandle {
     /// The app on the current Tokio runtime, with its shared state.
     pub(crate) fn new(
+        name: &str,
         state: StateMap,
         after_ack: Option<AfterAck>,
         jobs: &JobQueueSettings,
@@ -75,12 +76,12 @@ impl AppHandle {
                 tracker: TaskTracker::new(),
                 state,
                 after_ack,
-                jobs: JobQueue::new(jobs)?,
+                jobs: JobQueue::for_app(jobs, name)?,
                 flush_retries: CancellationToken::new(),
                 shutdown: CancellationToken::new(),
                 brokers,
                 outgoing,
-                metrics: crate::metrics::Registry::default(),
+                metrics: crate::metrics::Registry::named(name),
             }),
         })
     }
@@ -108,7 +109,7 @@ impl AppHandle {
             .brokers
             .iter()
             .find_map(|b| b.as_any().downcast_ref::<B>())
-            .map(|b| Publisher::new(b.clone()).with_outgoing(self.outgoing().clone()))
+            .map(|b| Publisher::of_app(b.clone(), self.outgoing().clone()))
     }
 
     /// The hooks every outgoing message goes through.

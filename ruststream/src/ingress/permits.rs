@@ -102,6 +102,8 @@ pub struct JobQueue {
     extra: Mutex<()>,
     in_use_gauge: ::metrics::Gauge,
     waiters_gauge: ::metrics::Gauge,
+    /// The `app` label of the pressure metrics.
+    app: Box<str>,
 }
 
 impl std::fmt::Debug for JobQueue {
@@ -129,6 +131,11 @@ impl Drop for SourceRegistration {
 impl JobQueue {
     /// A job queue with validated settings.
     pub fn new(settings: &JobQueueSettings) -> crate::Result<Arc<JobQueue>> {
+        JobQueue::for_app(settings, "app")
+    }
+
+    /// An app's job queue: its metrics carry the app's name.
+    pub(crate) fn for_app(settings: &JobQueueSettings, app: &str) -> crate::Result<Arc<JobQueue>> {
         settings.validate()?;
         let max = settings.effective_max();
         let (pause, resume) = settings.percents();
@@ -140,8 +147,9 @@ impl JobQueue {
             in_use: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
             paused: AtomicBool::new(false),
-            in_use_gauge: metrics::jobs_in_use(),
-            waiters_gauge: metrics::job_waiters(),
+            in_use_gauge: metrics::jobs_in_use(app),
+            waiters_gauge: metrics::job_waiters(app),
+            app: app.into(),
             extra: Mutex::new(()),
             tracker: Mutex::new(Tracker {
                 state: PressureState::Running,
@@ -330,14 +338,14 @@ impl JobQueue {
                     if let Some(since) = t.paused_since.take() {
                         t.paused_total += now - since;
                     }
-                    metrics::paused_seconds(t.paused_total);
+                    metrics::paused_seconds(&self.app, t.paused_total);
                 }
             }
             self.paused
                 .store(next == PressureState::Paused, Ordering::Release);
             (t.epoch, next, t.sources.clone())
         };
-        metrics::pressure_transition(state == PressureState::Paused);
+        metrics::pressure_transition(&self.app, state == PressureState::Paused);
         for source in sources {
             source.apply(epoch, state);
         }

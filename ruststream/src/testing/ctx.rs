@@ -95,6 +95,7 @@ impl TestCtxBuilder {
         let broker = MemoryBroker::new();
         let erased: Arc<dyn ErasedBroker> = Arc::new(broker.clone());
         let app = AppHandle::new(
+            "app",
             self.state,
             None,
             &JobQueueSettings::default(),
