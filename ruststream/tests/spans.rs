@@ -273,9 +273,11 @@ async fn a_delivery_runs_in_one_process_span_with_the_messaging_fields() {
     running.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_delivery_has_a_span_per_attempt_with_its_outcome() {
-    let subject = unique("spans.fail");
+/// Sends `message` to a fresh sequential subscriber (two attempts, a
+/// dead-letter subject) and waits until it is dead-lettered: the subject
+/// and the running app.
+async fn until_dead_lettered(prefix: &str, message: ruststream::Message) -> (String, RunningApp) {
+    let subject = unique(prefix);
     let dead = unique("spans.dead");
     let (broker, running) = start(&subject, &dead, sequential).await;
     let mut dead_letters = broker
@@ -283,18 +285,24 @@ async fn a_failing_delivery_has_a_span_per_attempt_with_its_outcome() {
         .await
         .unwrap();
     Publisher::new(broker)
-        .publish(
-            &subject,
-            &Order {
-                id: 1,
-                note: "fail".into(),
-            },
-        )
+        .send(&subject, message)
         .await
         .unwrap();
     within(10, "the dead letter", dead_letters.next())
         .await
         .unwrap();
+    (subject, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_delivery_has_a_span_per_attempt_with_its_outcome() {
+    let order = serde_json::to_vec(&Order {
+        id: 1,
+        note: "fail".into(),
+    })
+    .unwrap();
+    let (subject, running) =
+        until_dead_lettered("spans.fail", ruststream::Message::new(order)).await;
     let mut spans = recorder().wait_spans("process", &subject, 2).await;
     spans.sort_by_key(|s| s.seq);
     let outcomes: Vec<_> = spans
@@ -315,20 +323,8 @@ async fn a_failing_delivery_has_a_span_per_attempt_with_its_outcome() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_delivery_has_its_span_too() {
-    let subject = unique("spans.malformed");
-    let dead = unique("spans.dead");
-    let (broker, running) = start(&subject, &dead, sequential).await;
-    let mut dead_letters = broker
-        .subscribe(SubscribeOptions::new(dead.as_str()))
-        .await
-        .unwrap();
-    Publisher::new(broker)
-        .send(&subject, ruststream::Message::new("not json"))
-        .await
-        .unwrap();
-    within(10, "the dead letter", dead_letters.next())
-        .await
-        .unwrap();
+    let (subject, running) =
+        until_dead_lettered("spans.malformed", ruststream::Message::new("not json")).await;
     let spans = recorder().wait_spans("process", &subject, 1).await;
     assert_eq!(field(&spans[0], "ruststream.outcome"), "malformed");
     let refused = recorder().events("payload refused before the handler");
