@@ -59,6 +59,8 @@ mod outcome;
 mod outgoing;
 mod pipeline;
 mod publisher;
+#[cfg(feature = "config")]
+pub mod settings;
 pub mod subscriber;
 mod sync;
 mod tasks;

@@ -1,10 +1,13 @@
 //! The application: brokers, subscribers and the runtime that drives them.
 
+mod check;
 #[cfg(feature = "prometheus")]
 mod endpoints;
 mod hooks;
 mod register;
 mod running;
+#[cfg(feature = "config")]
+mod settings;
 mod signal;
 
 use std::sync::Arc;

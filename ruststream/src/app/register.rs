@@ -33,6 +33,9 @@ pub(crate) struct StartContext {
 /// A subscriber bound to its broker, ready to subscribe and spawn its loop.
 pub(crate) trait StartUnit: Send {
     fn config(&self) -> &SubscriberConfig;
+    /// The configuration, to change before start (settings).
+    #[cfg(feature = "config")]
+    fn config_mut(&mut self) -> &mut SubscriberConfig;
     /// The handler's name and the shared state types it takes.
     fn requires(&self) -> (&'static str, Vec<StateKey>);
     /// The name of the broker it is bound to.
@@ -118,6 +121,11 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
         &self.config
     }
 
+    #[cfg(feature = "config")]
+    fn config_mut(&mut self) -> &mut SubscriberConfig {
+        &mut self.config
+    }
+
     fn requires(&self) -> (&'static str, Vec<StateKey>) {
         (self.subscriber.name(), self.subscriber.required_state())
     }
@@ -178,6 +186,11 @@ struct LocalUnit<B, S> {
 impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
     fn config(&self) -> &SubscriberConfig {
         &self.config
+    }
+
+    #[cfg(feature = "config")]
+    fn config_mut(&mut self) -> &mut SubscriberConfig {
+        &mut self.config
     }
 
     fn requires(&self) -> (&'static str, Vec<StateKey>) {
