@@ -38,6 +38,8 @@
 
 mod accept;
 mod app;
+#[cfg(feature = "asyncapi")]
+pub mod asyncapi;
 pub mod binding;
 pub mod codec;
 mod config;
@@ -45,6 +47,7 @@ mod config;
 pub mod conformance;
 mod coop;
 mod ctx;
+mod describe;
 mod error;
 mod exec;
 pub mod extract;

@@ -6,9 +6,12 @@ use std::marker::PhantomData;
 
 pub use bytes::Bytes;
 
+pub use crate::__message_types as message_types;
+#[cfg(feature = "asyncapi")]
+pub use crate::describe::schema_kind;
 pub use crate::key::key_hash;
-pub use crate::subscriber::Outcome;
 pub use crate::subscriber::SubscriberConfig;
+pub use crate::subscriber::{MessageTypes, Outcome};
 pub use crate::{__outcome as outcome, Ctx, HandlerError};
 
 /// What an extractor's error settles: marked, so the dead-letter reason

@@ -1,5 +1,7 @@
 //! The application: brokers, subscribers and the runtime that drives them.
 
+#[cfg(feature = "asyncapi")]
+mod asyncapi;
 mod check;
 #[cfg(feature = "prometheus")]
 mod endpoints;
@@ -80,6 +82,9 @@ pub struct App<B = NoBroker> {
     endpoints: Option<std::net::SocketAddr>,
     /// The `app` label of the app's metrics.
     name: String,
+    /// Publishers declared for documents ([`App::publishes`]).
+    #[cfg(feature = "asyncapi")]
+    published: Vec<crate::asyncapi::Publication>,
 }
 
 impl App<NoBroker> {
@@ -100,6 +105,8 @@ impl App<NoBroker> {
             mistakes: Vec::new(),
             endpoints: None,
             name: "app".to_owned(),
+            #[cfg(feature = "asyncapi")]
+            published: Vec::new(),
         }
     }
 }
@@ -135,6 +142,8 @@ impl<B> App<B> {
             mistakes: self.mistakes,
             endpoints: self.endpoints,
             name: self.name,
+            #[cfg(feature = "asyncapi")]
+            published: self.published,
         }
     }
 

@@ -40,10 +40,34 @@ pub(crate) trait StartUnit: Send {
     fn requires(&self) -> (&'static str, Vec<StateKey>);
     /// The name of the broker it is bound to.
     fn broker_name(&self) -> &'static str;
+    /// What it receives and replies, for an AsyncAPI document.
+    #[cfg(feature = "asyncapi")]
+    fn reception(&self) -> crate::asyncapi::Reception;
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>>;
     /// The same subscriber bound to an in-process broker instead (tests).
     #[cfg(feature = "testing")]
     fn rebind(self: Box<Self>, broker: crate::MemoryBroker) -> Box<dyn StartUnit>;
+}
+
+#[cfg(feature = "asyncapi")]
+fn reception<B: Broker, S: Subscriber>(
+    broker: &B,
+    subscriber: &S,
+    config: &SubscriberConfig,
+) -> crate::asyncapi::Reception {
+    crate::asyncapi::Reception {
+        handler: subscriber.name(),
+        subject: config.subject.to_string(),
+        queue_group: config.queue_group.as_ref().map(ToString::to_string),
+        dead_letter: config.dead_letter.as_ref().map(ToString::to_string),
+        server: crate::asyncapi::Server {
+            broker: broker.name(),
+            host: broker.host(),
+        },
+        types: subscriber
+            .message_types()
+            .with_content_types(subscriber.content_type(), subscriber.reply_content_type()),
+    }
 }
 
 /// A subscriber bound to its broker (opaque; made by [`IntoSubscriber`]).
@@ -134,6 +158,11 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
         Broker::name(&self.broker)
     }
 
+    #[cfg(feature = "asyncapi")]
+    fn reception(&self) -> crate::asyncapi::Reception {
+        reception(&self.broker, &self.subscriber, &self.config)
+    }
+
     #[cfg(feature = "testing")]
     fn rebind(self: Box<Self>, broker: crate::MemoryBroker) -> Box<dyn StartUnit> {
         Box::new(SendUnit {
@@ -199,6 +228,11 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
 
     fn broker_name(&self) -> &'static str {
         Broker::name(&self.broker)
+    }
+
+    #[cfg(feature = "asyncapi")]
+    fn reception(&self) -> crate::asyncapi::Reception {
+        reception(&self.broker, &self.subscriber, &self.config)
     }
 
     #[cfg(feature = "testing")]
