@@ -41,6 +41,8 @@ mod app;
 #[cfg(feature = "asyncapi")]
 pub mod asyncapi;
 pub mod binding;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod codec;
 mod config;
 #[cfg(feature = "conformance")]
@@ -54,6 +56,7 @@ pub mod extract;
 mod host;
 pub mod ingress;
 mod key;
+mod launch;
 mod message;
 mod meta_box;
 pub mod metrics;
@@ -146,6 +149,12 @@ mod book {
     #[cfg(feature = "prometheus")]
     #[doc = include_str!("../../book/src/observability.md")]
     mod observability {}
+    #[cfg(all(feature = "cli", feature = "nats"))]
+    #[doc = include_str!("../../book/src/configuration.md")]
+    mod configuration {}
+    #[cfg(feature = "asyncapi")]
+    #[doc = include_str!("../../book/src/asyncapi.md")]
+    mod asyncapi {}
     #[doc = include_str!("../../book/src/middleware.md")]
     mod middleware {}
     #[cfg(feature = "nats")]

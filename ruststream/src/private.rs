@@ -353,7 +353,7 @@ macro_rules! __outcome {
 }
 
 /// Runtime settings from `#[ruststream::app(...)]`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct RuntimeConfig {
     /// `flavor = "current_thread"`.
     pub current_thread: bool,
@@ -361,7 +361,13 @@ pub struct RuntimeConfig {
     pub worker_threads: Option<usize>,
     /// `shutdown_timeout = "30s"`: the default for an `App` returned by `main`.
     pub shutdown_timeout: Option<std::time::Duration>,
+    /// The binary's name (`CARGO_BIN_NAME`), for its AsyncAPI document.
+    pub binary: Option<&'static str>,
+    /// Its package's version (`CARGO_PKG_VERSION`).
+    pub version: Option<&'static str>,
 }
+
+pub use crate::launch::Launch;
 
 /// What `main` may return under `#[ruststream::app]`.
 #[diagnostic::on_unimplemented(
@@ -370,20 +376,25 @@ pub struct RuntimeConfig {
     note = "return `()`, `Result<(), E>` or `Result<App<B>, E>` with `E: Display`"
 )]
 pub trait MainOutput {
+    /// Whether it is an `App` (the command line is then the app's).
+    const RETURNS_APP: bool = false;
+
     /// Runs what is left to run and reports the exit code.
-    fn finish(self, config: RuntimeConfig) -> impl Future<Output = std::process::ExitCode>;
+    fn finish(self, launch: Launch) -> impl Future<Output = std::process::ExitCode>;
 }
 
 impl MainOutput for () {
-    async fn finish(self, _: RuntimeConfig) -> std::process::ExitCode {
+    async fn finish(self, _: Launch) -> std::process::ExitCode {
         std::process::ExitCode::SUCCESS
     }
 }
 
 impl<T: MainOutput, E: std::fmt::Display> MainOutput for Result<T, E> {
-    async fn finish(self, config: RuntimeConfig) -> std::process::ExitCode {
+    const RETURNS_APP: bool = T::RETURNS_APP;
+
+    async fn finish(self, launch: Launch) -> std::process::ExitCode {
         match self {
-            Ok(value) => value.finish(config).await,
+            Ok(value) => value.finish(launch).await,
             Err(err) => {
                 eprintln!("Error: {err}");
                 std::process::ExitCode::FAILURE
@@ -392,13 +403,49 @@ impl<T: MainOutput, E: std::fmt::Display> MainOutput for Result<T, E> {
     }
 }
 
-/// Builds the runtime and runs `main`'s body on it.
+/// Reads the command line and the settings (features `cli`, `config`),
+/// builds the runtime and runs `main`'s body on it.
 pub fn run_main<F, Fut>(config: RuntimeConfig, main: F) -> std::process::ExitCode
 where
     F: FnOnce() -> Fut,
     Fut: Future,
     Fut::Output: MainOutput,
 {
+    let launch = match crate::launch::prepare::<Fut::Output>(config, false) {
+        Ok(launch) => launch,
+        Err(code) => return code,
+    };
+    block_on(launch, |_| main())
+}
+
+/// [`run_main`] for a `main` that takes the [`Settings`](crate::settings::Settings).
+#[cfg(feature = "config")]
+pub fn run_main_with_settings<F, Fut>(config: RuntimeConfig, main: F) -> std::process::ExitCode
+where
+    F: FnOnce(crate::settings::Settings) -> Fut,
+    Fut: Future,
+    Fut::Output: MainOutput,
+{
+    let launch = match crate::launch::prepare::<Fut::Output>(config, true) {
+        Ok(launch) => launch,
+        Err(code) => return code,
+    };
+    block_on(launch, |launch| {
+        main(
+            launch
+                .settings
+                .clone()
+                .expect("loaded for a main that takes them"),
+        )
+    })
+}
+
+fn block_on<Fut>(launch: Launch, main: impl FnOnce(&Launch) -> Fut) -> std::process::ExitCode
+where
+    Fut: Future,
+    Fut::Output: MainOutput,
+{
+    let config = launch.runtime;
     let mut builder = if config.current_thread {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -414,7 +461,7 @@ where
             return std::process::ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move { main().await.finish(config).await })
+    runtime.block_on(async move { main(&launch).await.finish(launch).await })
 }
 
 /// A handler's error type, with advice when it is not one.

@@ -492,13 +492,12 @@ impl<B: Broker> App<B> {
 
 /// An `App` returned by a `#[ruststream::app]` main runs until a signal or
 /// a shutdown request, with the macro's shutdown timeout unless the app set
-/// its own.
+/// its own; with the `config` feature its settings apply first, and with
+/// `cli` the command line may ask for `check` or `asyncapi` instead.
 impl<B: Broker> crate::__private::MainOutput for App<B> {
-    async fn finish(self, config: crate::__private::RuntimeConfig) -> std::process::ExitCode {
-        self.default_shutdown_timeout(config.shutdown_timeout)
-            .run()
-            .await
-            .finish(config)
-            .await
+    const RETURNS_APP: bool = true;
+
+    async fn finish(self, launch: crate::__private::Launch) -> std::process::ExitCode {
+        crate::launch::finish_app(self, launch).await
     }
 }

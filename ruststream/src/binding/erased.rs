@@ -20,6 +20,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) trait ErasedBroker: Send + Sync {
     fn name(&self) -> &'static str;
     /// [`Broker::host`].
+    #[cfg(feature = "asyncapi")]
     fn host(&self) -> Option<String>;
     fn close(&self) -> BoxFuture<'_, Result<()>>;
     /// For typed lookups ([`AppHandle::publisher`](crate::AppHandle::publisher)).
@@ -47,6 +48,7 @@ impl<B: Broker> ErasedBroker for B {
         Broker::name(self)
     }
 
+    #[cfg(feature = "asyncapi")]
     fn host(&self) -> Option<String> {
         Broker::host(self)
     }
