@@ -110,7 +110,7 @@ impl AppArgs {
     /// Applies `settings` to `app` and does the command: runs it, checks
     /// it, or writes its AsyncAPI document. The exit code says how it went.
     pub async fn run<B: Broker>(&self, app: App<B>, settings: Settings) -> ExitCode {
-        let mut launch = Launch::run(crate::__private::RuntimeConfig::default());
+        let mut launch = Launch::run(crate::launch::RuntimeConfig::default());
         launch.task = self.task();
         launch.settings = Some(settings);
         finish_app(app, launch).await

@@ -152,30 +152,3 @@ pub mod schema_kind {
 
     impl<T: ?Sized> NoSchema for SchemaKind<T> {}
 }
-
-/// The [`MessageTypes`] of a `#[subscriber]`, expanded in its companion:
-/// with the `asyncapi` feature it picks each type's schema.
-#[cfg(feature = "asyncapi")]
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __message_types {
-    ($body:ty, $reply:ty) => {{
-        #[allow(unused_imports)]
-        use $crate::__private::schema_kind::{HasSchema as _, NoSchema as _, RawSchema as _};
-        $crate::__private::MessageTypes::of::<$body, $reply>().with_schemas(
-            (&&&$crate::__private::schema_kind::SchemaKind::<$body>::new()).schema_fn(),
-            (&&&$crate::__private::schema_kind::SchemaKind::<$reply>::new()).schema_fn(),
-        )
-    }};
-}
-
-/// The [`MessageTypes`] of a `#[subscriber]`, expanded in its companion:
-/// without the `asyncapi` feature, names only.
-#[cfg(not(feature = "asyncapi"))]
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __message_types {
-    ($body:ty, $reply:ty) => {
-        $crate::__private::MessageTypes::of::<$body, $reply>()
-    };
-}

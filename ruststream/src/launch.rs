@@ -4,8 +4,28 @@
 
 use std::process::ExitCode;
 
-use crate::__private::RuntimeConfig;
 use crate::{App, Broker};
+
+/// Runtime settings from `#[ruststream::app(...)]`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RuntimeConfig {
+    /// `flavor = "current_thread"`.
+    pub current_thread: bool,
+    /// `worker_threads = n` (multi-thread only).
+    pub worker_threads: Option<usize>,
+    /// `shutdown_timeout = "30s"`: the default for an `App` returned by `main`.
+    pub shutdown_timeout: Option<std::time::Duration>,
+    /// The binary's name (`CARGO_BIN_NAME`), for its AsyncAPI document.
+    pub binary: Option<&'static str>,
+    /// Its package's version (`CARGO_PKG_VERSION`).
+    pub version: Option<&'static str>,
+}
+
+/// What the command line asked for (feature `cli`).
+pub(crate) struct CommandLine {
+    pub(crate) task: Task,
+    pub(crate) config: Option<std::path::PathBuf>,
+}
 
 /// What the app is asked to do.
 #[derive(Clone, Debug, Default)]
@@ -46,27 +66,23 @@ impl Launch {
     }
 }
 
-/// Reads the command line (feature `cli`, when `main` returns the app) and
-/// the settings (feature `config`, when `main` takes them or returns the
-/// app). A mistake is reported here: the exit code to end with.
-pub(crate) fn prepare<O: crate::__private::MainOutput>(
+/// The launch a command line asks for, with the settings loaded (feature
+/// `config`) when `main` takes them or returns the app. A settings
+/// mistake is reported here: the exit code to end with.
+pub(crate) fn prepare(
     runtime: RuntimeConfig,
+    command_line: Option<CommandLine>,
     takes_settings: bool,
 ) -> Result<Launch, ExitCode> {
     #[allow(unused_mut)]
     let mut launch = Launch::run(runtime);
-    #[cfg(feature = "cli")]
-    let file = if O::RETURNS_APP {
-        let args = crate::cli::AppArgs::from_env();
-        launch.task = args.task();
-        args.config
-    } else {
-        None
-    };
-    #[cfg(not(feature = "cli"))]
-    let file: Option<std::path::PathBuf> = None;
+    let returns_app = command_line.is_some();
+    let file = command_line.and_then(|line| {
+        launch.task = line.task;
+        line.config
+    });
     #[cfg(feature = "config")]
-    if takes_settings || O::RETURNS_APP {
+    if takes_settings || returns_app {
         match crate::settings::Settings::load(file.as_deref()) {
             Ok(settings) => launch.settings = Some(settings),
             Err(err) => {
@@ -75,7 +91,7 @@ pub(crate) fn prepare<O: crate::__private::MainOutput>(
             }
         }
     }
-    let _ = (takes_settings, file);
+    let _ = (takes_settings, returns_app, file);
     Ok(launch)
 }
 

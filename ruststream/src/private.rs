@@ -352,22 +352,7 @@ macro_rules! __outcome {
     }};
 }
 
-/// Runtime settings from `#[ruststream::app(...)]`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RuntimeConfig {
-    /// `flavor = "current_thread"`.
-    pub current_thread: bool,
-    /// `worker_threads = n` (multi-thread only).
-    pub worker_threads: Option<usize>,
-    /// `shutdown_timeout = "30s"`: the default for an `App` returned by `main`.
-    pub shutdown_timeout: Option<std::time::Duration>,
-    /// The binary's name (`CARGO_BIN_NAME`), for its AsyncAPI document.
-    pub binary: Option<&'static str>,
-    /// Its package's version (`CARGO_PKG_VERSION`).
-    pub version: Option<&'static str>,
-}
-
-pub use crate::launch::Launch;
+pub use crate::launch::{Launch, RuntimeConfig};
 
 /// What `main` may return under `#[ruststream::app]`.
 #[diagnostic::on_unimplemented(
@@ -403,6 +388,18 @@ impl<T: MainOutput, E: std::fmt::Display> MainOutput for Result<T, E> {
     }
 }
 
+/// An `App` returned by a `#[ruststream::app]` main runs until a signal or
+/// a shutdown request, with the macro's shutdown timeout unless the app set
+/// its own; with the `config` feature its settings apply first, and with
+/// `cli` the command line may ask for `check` or `asyncapi` instead.
+impl<B: crate::Broker> MainOutput for crate::App<B> {
+    const RETURNS_APP: bool = true;
+
+    async fn finish(self, launch: Launch) -> std::process::ExitCode {
+        crate::launch::finish_app(self, launch).await
+    }
+}
+
 /// Reads the command line and the settings (features `cli`, `config`),
 /// builds the runtime and runs `main`'s body on it.
 pub fn run_main<F, Fut>(config: RuntimeConfig, main: F) -> std::process::ExitCode
@@ -411,7 +408,7 @@ where
     Fut: Future,
     Fut::Output: MainOutput,
 {
-    let launch = match crate::launch::prepare::<Fut::Output>(config, false) {
+    let launch = match crate::launch::prepare(config, command_line::<Fut::Output>(), false) {
         Ok(launch) => launch,
         Err(code) => return code,
     };
@@ -426,7 +423,7 @@ where
     Fut: Future,
     Fut::Output: MainOutput,
 {
-    let launch = match crate::launch::prepare::<Fut::Output>(config, true) {
+    let launch = match crate::launch::prepare(config, command_line::<Fut::Output>(), true) {
         Ok(launch) => launch,
         Err(code) => return code,
     };
@@ -437,6 +434,28 @@ where
                 .clone()
                 .expect("loaded for a main that takes them"),
         )
+    })
+}
+
+/// The command line when `main` returns the app (`None` otherwise): read
+/// with the `cli` feature — `--help` and mistakes print and exit here — a
+/// plain run without.
+fn command_line<O: MainOutput>() -> Option<crate::launch::CommandLine> {
+    if !O::RETURNS_APP {
+        return None;
+    }
+    #[cfg(feature = "cli")]
+    {
+        let args = crate::cli::AppArgs::from_env();
+        Some(crate::launch::CommandLine {
+            task: args.task(),
+            config: args.config,
+        })
+    }
+    #[cfg(not(feature = "cli"))]
+    Some(crate::launch::CommandLine {
+        task: crate::launch::Task::Run,
+        config: None,
     })
 }
 
@@ -498,4 +517,31 @@ impl<T, E: IntoHandlerError> HandlerResult<T> for Result<T, E> {
     fn split(self) -> Result<T, HandlerError> {
         self.map_err(IntoHandlerError::into_handler_error)
     }
+}
+
+/// The [`MessageTypes`](crate::subscriber::MessageTypes) of a `#[subscriber]`, expanded in its companion:
+/// with the `asyncapi` feature it picks each type's schema.
+#[cfg(feature = "asyncapi")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __message_types {
+    ($body:ty, $reply:ty) => {{
+        #[allow(unused_imports)]
+        use $crate::__private::schema_kind::{HasSchema as _, NoSchema as _, RawSchema as _};
+        $crate::__private::MessageTypes::of::<$body, $reply>().with_schemas(
+            (&&&$crate::__private::schema_kind::SchemaKind::<$body>::new()).schema_fn(),
+            (&&&$crate::__private::schema_kind::SchemaKind::<$reply>::new()).schema_fn(),
+        )
+    }};
+}
+
+/// The [`MessageTypes`](crate::subscriber::MessageTypes) of a `#[subscriber]`, expanded in its companion:
+/// without the `asyncapi` feature, names only.
+#[cfg(not(feature = "asyncapi"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __message_types {
+    ($body:ty, $reply:ty) => {
+        $crate::__private::MessageTypes::of::<$body, $reply>()
+    };
 }

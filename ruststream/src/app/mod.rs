@@ -489,15 +489,3 @@ impl<B: Broker> App<B> {
             .await
     }
 }
-
-/// An `App` returned by a `#[ruststream::app]` main runs until a signal or
-/// a shutdown request, with the macro's shutdown timeout unless the app set
-/// its own; with the `config` feature its settings apply first, and with
-/// `cli` the command line may ask for `check` or `asyncapi` instead.
-impl<B: Broker> crate::__private::MainOutput for App<B> {
-    const RETURNS_APP: bool = true;
-
-    async fn finish(self, launch: crate::__private::Launch) -> std::process::ExitCode {
-        crate::launch::finish_app(self, launch).await
-    }
-}
