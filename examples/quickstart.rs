@@ -1,23 +1,29 @@
 //! Quickstart: a service on the embedded memory broker.
 //!
-//! Run it with `cargo run --example quickstart`. It publishes a handful of
-//! orders, a subscriber confirms each one, a request/reply round trip shows
-//! the reply path, and the app shuts down gracefully and exits 0.
+//! Run it with `cargo run --example quickstart`. Once the app is up, a
+//! client publishes a handful of orders, a subscriber confirms each one, a
+//! request/reply round trip shows the reply path, and the app shuts down
+//! gracefully and exits 0. The binary has the command line of every
+//! `#[ruststream::app]` (feature `cli`): `cargo run --example quickstart --
+//! asyncapi` prints its AsyncAPI document, `-- check` checks its settings,
+//! `-- --help` lists the rest.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ruststream::prelude::*;
+use ruststream::{AppHandle, BoxError};
 use tokio::sync::Notify;
 
-#[derive(Debug, Serialize, Deserialize)]
+/// `JsonSchema` gives the AsyncAPI document the fields of each message.
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Order {
     pub id: u64,
     pub sku: String,
     pub qty: u32,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Confirmed {
     pub id: u64,
     pub total_qty: u32,
@@ -58,18 +64,32 @@ pub fn service<B: Broker>(broker: B) -> App<B> {
     App::new().broker(broker).subscriber(confirm)
 }
 
+/// Returning the app gives the binary its command line: `run` (the
+/// default), `check`, `asyncapi`, `--config FILE`.
 #[ruststream::app]
-async fn main() -> ruststream::Result<()> {
+async fn main() -> ruststream::Result<App<MemoryBroker>> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
 
-    let broker = MemoryBroker::new();
-    let running = service(broker.clone()).start().await?;
-    // Typed sends and requests, JSON-encoded.
-    let client = Publisher::new(broker);
+    Ok(service(MemoryBroker::new())
+        .after_startup(client)
+        .after_shutdown(|_| async {
+            println!("handled {} orders; bye", HANDLED.load(Ordering::SeqCst));
+            Ok(())
+        }))
+}
+
+/// A client of the running app: sends orders and a request, waits for every
+/// confirmation, then asks the app to stop (a graceful shutdown: loops
+/// settle what they hold, then the broker closes).
+async fn client(app: AppHandle) -> Result<(), BoxError> {
+    // Typed sends and requests, JSON-encoded, on the app's broker.
+    let client = app
+        .publisher::<MemoryBroker>()
+        .expect("the app has a memory broker");
 
     for id in 1..ORDERS as u64 {
         let order = Order {
@@ -94,9 +114,6 @@ async fn main() -> ruststream::Result<()> {
     tokio::time::timeout(Duration::from_secs(5), ALL_HANDLED.notified())
         .await
         .map_err(|_| ruststream::Error::Timeout(Duration::from_secs(5)))?;
-
-    // Graceful stop: loops settle what they hold, then the broker closes.
-    running.shutdown().await?;
-    println!("handled {} orders; bye", HANDLED.load(Ordering::SeqCst));
+    app.request_shutdown();
     Ok(())
 }

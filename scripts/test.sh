@@ -51,6 +51,10 @@ ensure_redis
 ensure_rabbitmq
 ensure_mosquitto
 
+step "the official AsyncAPI parser for the document tests (npm ci in scripts/asyncapi)"
+command -v npm >/dev/null || apt_install nodejs npm
+(cd scripts/asyncapi && npm ci --no-audit --no-fund --loglevel=error)
+
 step "cargo test --workspace --all-features"
 cargo test --workspace --all-features
 
@@ -62,6 +66,11 @@ for example in quickstart execution_modes lifecycle middleware nats_orders redis
   echo "-- $example"
   timeout 120 cargo run --quiet --example "$example"
 done
+echo "-- quickstart asyncapi (JSON and YAML), validated by @asyncapi/parser"
+asyncapi_out=$(mktemp -d)
+timeout 120 cargo run --quiet --example quickstart -- asyncapi --output "$asyncapi_out/quickstart.json"
+timeout 120 cargo run --quiet --example quickstart -- asyncapi --format yaml --output "$asyncapi_out/quickstart.yaml"
+node scripts/asyncapi/validate.mjs "$asyncapi_out/quickstart.json" "$asyncapi_out/quickstart.yaml"
 echo "-- observability, on a port the system picks"
 RUSTSTREAM_METRICS_ADDR=127.0.0.1:0 timeout 120 cargo run --quiet --example observability
 echo "-- new-project (the guide's new service), on the memory broker and on NATS"

@@ -119,10 +119,10 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         );
         errors.extend(err.to_compile_error());
     }
-    if !function.sig.inputs.is_empty() {
+    if function.sig.inputs.len() > 1 {
         let err = syn::Error::new_spanned(
             &function.sig.inputs,
-            "`#[ruststream::app]` functions take no arguments",
+            "`#[ruststream::app]` functions take no arguments, or one: `settings: ruststream::settings::Settings` (feature `config`)",
         );
         errors.extend(err.to_compile_error());
     }
@@ -133,6 +133,8 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         block,
     } = function;
     let name = &sig.ident;
+    let inputs = &sig.inputs;
+    let takes_settings = sig.inputs.len() == 1;
     let output = match &sig.output {
         syn::ReturnType::Default => quote!(()),
         syn::ReturnType::Type(_, ty) => quote!(#ty),
@@ -151,20 +153,33 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         syn::ReturnType::Type(_, ty) => ty.span(),
         syn::ReturnType::Default => block.span(),
     };
+    // A `main(settings: Settings)` gets the loaded settings.
+    let run = if takes_settings {
+        quote_spanned!(body_span=> ::ruststream::__private::run_main_with_settings)
+    } else {
+        quote_spanned!(body_span=> ::ruststream::__private::run_main)
+    };
     let call = quote_spanned! {body_span=>
-        ::ruststream::__private::run_main(
+        #run(
             ::ruststream::__private::RuntimeConfig {
                 current_thread: #current_thread,
                 worker_threads: #worker_threads,
                 shutdown_timeout: #shutdown_timeout,
+                binary: ::core::option_env!("CARGO_BIN_NAME"),
+                version: ::core::option_env!("CARGO_PKG_VERSION"),
             },
             __ruststream_body,
         )
     };
+    let inputs = if takes_settings {
+        quote!(#inputs)
+    } else {
+        quote!()
+    };
     quote! {
         #(#attrs)*
         #vis fn #name() -> ::std::process::ExitCode {
-            async fn __ruststream_body() -> #output #block
+            async fn __ruststream_body(#inputs) -> #output #block
             #call
         }
         #errors

@@ -15,7 +15,11 @@ use proc_macro::TokenStream;
 /// `worker_threads = n` (multi-thread only), and `shutdown_timeout = "30s"`
 /// (bounds the graceful shutdown of an `App` returned by `main`). `main` may return `()`,
 /// `Result<(), E>`, or `Result<App<B>, E>`: an app is run until SIGINT/SIGTERM
-/// and then shut down gracefully.
+/// and then shut down gracefully. It takes no argument, or one:
+/// `settings: ruststream::settings::Settings` (feature `config`), the
+/// settings the binary loaded. With ruststream's `cli` feature a binary
+/// whose `main` returns the app understands `run`, `check`, `asyncapi` and
+/// `--config FILE`.
 #[proc_macro_attribute]
 pub fn app(args: TokenStream, item: TokenStream) -> TokenStream {
     app::expand(args.into(), item.into()).into()

@@ -672,6 +672,13 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
             (&&::ruststream::__private::ReplyKind::<#reply_ty>::new()).content_type::<#codec>()
         }
     };
+    // Names the body and reply types; with ruststream's `asyncapi`
+    // feature, their schemas too (the runtime's macro decides).
+    let message_types = quote! {
+        fn message_types(&self) -> ::ruststream::subscriber::MessageTypes {
+            ::ruststream::__private::message_types!(#body_ty, #reply_ty)
+        }
+    };
     let out_span = match &function.sig.output {
         ReturnType::Default => Span::call_site(),
         ReturnType::Type(_, ty) => ty.span(),
@@ -747,6 +754,8 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
                 #required_state
 
                 #content_types
+
+                #message_types
 
                 #[allow(unused_variables)]
                 fn handle(

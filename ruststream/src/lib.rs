@@ -38,19 +38,25 @@
 
 mod accept;
 mod app;
+#[cfg(feature = "asyncapi")]
+pub mod asyncapi;
 pub mod binding;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod codec;
 mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod coop;
 mod ctx;
+mod describe;
 mod error;
 mod exec;
 pub mod extract;
 mod host;
 pub mod ingress;
 mod key;
+mod launch;
 mod message;
 mod meta_box;
 pub mod metrics;
@@ -60,6 +66,8 @@ mod outgoing;
 mod pipeline;
 mod publisher;
 mod spans;
+#[cfg(feature = "config")]
+pub mod settings;
 pub mod subscriber;
 mod sync;
 mod tasks;
@@ -144,6 +152,12 @@ mod book {
     #[cfg(all(feature = "prometheus", feature = "opentelemetry"))]
     #[doc = include_str!("../../book/src/observability.md")]
     mod observability {}
+    #[cfg(all(feature = "cli", feature = "nats"))]
+    #[doc = include_str!("../../book/src/configuration.md")]
+    mod configuration {}
+    #[cfg(feature = "asyncapi")]
+    #[doc = include_str!("../../book/src/asyncapi.md")]
+    mod asyncapi {}
     #[doc = include_str!("../../book/src/middleware.md")]
     mod middleware {}
     #[cfg(feature = "nats")]

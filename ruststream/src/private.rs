@@ -6,9 +6,12 @@ use std::marker::PhantomData;
 
 pub use bytes::Bytes;
 
+pub use crate::__message_types as message_types;
+#[cfg(feature = "asyncapi")]
+pub use crate::describe::schema_kind;
 pub use crate::key::key_hash;
-pub use crate::subscriber::Outcome;
 pub use crate::subscriber::SubscriberConfig;
+pub use crate::subscriber::{MessageTypes, Outcome};
 pub use crate::{__outcome as outcome, Ctx, HandlerError};
 
 /// What an extractor's error settles: marked, so the dead-letter reason
@@ -349,16 +352,7 @@ macro_rules! __outcome {
     }};
 }
 
-/// Runtime settings from `#[ruststream::app(...)]`.
-#[derive(Clone, Copy, Debug)]
-pub struct RuntimeConfig {
-    /// `flavor = "current_thread"`.
-    pub current_thread: bool,
-    /// `worker_threads = n` (multi-thread only).
-    pub worker_threads: Option<usize>,
-    /// `shutdown_timeout = "30s"`: the default for an `App` returned by `main`.
-    pub shutdown_timeout: Option<std::time::Duration>,
-}
+pub use crate::launch::{Launch, RuntimeConfig};
 
 /// What `main` may return under `#[ruststream::app]`.
 #[diagnostic::on_unimplemented(
@@ -367,20 +361,25 @@ pub struct RuntimeConfig {
     note = "return `()`, `Result<(), E>` or `Result<App<B>, E>` with `E: Display`"
 )]
 pub trait MainOutput {
+    /// Whether it is an `App` (the command line is then the app's).
+    const RETURNS_APP: bool = false;
+
     /// Runs what is left to run and reports the exit code.
-    fn finish(self, config: RuntimeConfig) -> impl Future<Output = std::process::ExitCode>;
+    fn finish(self, launch: Launch) -> impl Future<Output = std::process::ExitCode>;
 }
 
 impl MainOutput for () {
-    async fn finish(self, _: RuntimeConfig) -> std::process::ExitCode {
+    async fn finish(self, _: Launch) -> std::process::ExitCode {
         std::process::ExitCode::SUCCESS
     }
 }
 
 impl<T: MainOutput, E: std::fmt::Display> MainOutput for Result<T, E> {
-    async fn finish(self, config: RuntimeConfig) -> std::process::ExitCode {
+    const RETURNS_APP: bool = T::RETURNS_APP;
+
+    async fn finish(self, launch: Launch) -> std::process::ExitCode {
         match self {
-            Ok(value) => value.finish(config).await,
+            Ok(value) => value.finish(launch).await,
             Err(err) => {
                 eprintln!("Error: {err}");
                 std::process::ExitCode::FAILURE
@@ -389,13 +388,83 @@ impl<T: MainOutput, E: std::fmt::Display> MainOutput for Result<T, E> {
     }
 }
 
-/// Builds the runtime and runs `main`'s body on it.
+/// An `App` returned by a `#[ruststream::app]` main runs until a signal or
+/// a shutdown request, with the macro's shutdown timeout unless the app set
+/// its own; with the `config` feature its settings apply first, and with
+/// `cli` the command line may ask for `check` or `asyncapi` instead.
+impl<B: crate::Broker> MainOutput for crate::App<B> {
+    const RETURNS_APP: bool = true;
+
+    async fn finish(self, launch: Launch) -> std::process::ExitCode {
+        crate::launch::finish_app(self, launch).await
+    }
+}
+
+/// Reads the command line and the settings (features `cli`, `config`),
+/// builds the runtime and runs `main`'s body on it.
 pub fn run_main<F, Fut>(config: RuntimeConfig, main: F) -> std::process::ExitCode
 where
     F: FnOnce() -> Fut,
     Fut: Future,
     Fut::Output: MainOutput,
 {
+    let launch = match crate::launch::prepare(config, command_line::<Fut::Output>(), false) {
+        Ok(launch) => launch,
+        Err(code) => return code,
+    };
+    block_on(launch, |_| main())
+}
+
+/// [`run_main`] for a `main` that takes the [`Settings`](crate::settings::Settings).
+#[cfg(feature = "config")]
+pub fn run_main_with_settings<F, Fut>(config: RuntimeConfig, main: F) -> std::process::ExitCode
+where
+    F: FnOnce(crate::settings::Settings) -> Fut,
+    Fut: Future,
+    Fut::Output: MainOutput,
+{
+    let launch = match crate::launch::prepare(config, command_line::<Fut::Output>(), true) {
+        Ok(launch) => launch,
+        Err(code) => return code,
+    };
+    block_on(launch, |launch| {
+        main(
+            launch
+                .settings
+                .clone()
+                .expect("loaded for a main that takes them"),
+        )
+    })
+}
+
+/// The command line when `main` returns the app (`None` otherwise): read
+/// with the `cli` feature — `--help` and mistakes print and exit here — a
+/// plain run without.
+fn command_line<O: MainOutput>() -> Option<crate::launch::CommandLine> {
+    if !O::RETURNS_APP {
+        return None;
+    }
+    #[cfg(feature = "cli")]
+    {
+        let args = crate::cli::AppArgs::from_env();
+        Some(crate::launch::CommandLine {
+            task: args.task(),
+            config: args.config,
+        })
+    }
+    #[cfg(not(feature = "cli"))]
+    Some(crate::launch::CommandLine {
+        task: crate::launch::Task::Run,
+        config: None,
+    })
+}
+
+fn block_on<Fut>(launch: Launch, main: impl FnOnce(&Launch) -> Fut) -> std::process::ExitCode
+where
+    Fut: Future,
+    Fut::Output: MainOutput,
+{
+    let config = launch.runtime;
     let mut builder = if config.current_thread {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -411,7 +480,7 @@ where
             return std::process::ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move { main().await.finish(config).await })
+    runtime.block_on(async move { main(&launch).await.finish(launch).await })
 }
 
 /// A handler's error type, with advice when it is not one.
@@ -448,4 +517,31 @@ impl<T, E: IntoHandlerError> HandlerResult<T> for Result<T, E> {
     fn split(self) -> Result<T, HandlerError> {
         self.map_err(IntoHandlerError::into_handler_error)
     }
+}
+
+/// The [`MessageTypes`](crate::subscriber::MessageTypes) of a `#[subscriber]`, expanded in its companion:
+/// with the `asyncapi` feature it picks each type's schema.
+#[cfg(feature = "asyncapi")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __message_types {
+    ($body:ty, $reply:ty) => {{
+        #[allow(unused_imports)]
+        use $crate::__private::schema_kind::{HasSchema as _, NoSchema as _, RawSchema as _};
+        $crate::__private::MessageTypes::of::<$body, $reply>().with_schemas(
+            (&&&$crate::__private::schema_kind::SchemaKind::<$body>::new()).schema_fn(),
+            (&&&$crate::__private::schema_kind::SchemaKind::<$reply>::new()).schema_fn(),
+        )
+    }};
+}
+
+/// The [`MessageTypes`](crate::subscriber::MessageTypes) of a `#[subscriber]`, expanded in its companion:
+/// without the `asyncapi` feature, names only.
+#[cfg(not(feature = "asyncapi"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __message_types {
+    ($body:ty, $reply:ty) => {
+        $crate::__private::MessageTypes::of::<$body, $reply>()
+    };
 }

@@ -17,6 +17,9 @@ use crate::middleware::{Middleware, SharedMiddleware};
 use crate::tasks::FollowUps;
 use crate::{BoxError, Codec, Ctx, Envelope, Text};
 
+pub use crate::describe::MessageTypes;
+#[cfg(feature = "asyncapi")]
+pub use crate::describe::SchemaFn;
 pub use crate::key::key_hash;
 pub use crate::outcome::Outcome;
 
@@ -497,6 +500,15 @@ pub trait Subscriber: Send + Sync + 'static {
     /// none. `#[subscriber]` answers its codec's, or `None` for a raw reply.
     fn reply_content_type(&self) -> Option<&'static str> {
         None
+    }
+
+    /// The types of the messages it takes and replies with, for documents
+    /// (`App::asyncapi`, feature `asyncapi`).
+    /// `#[subscriber]` names its body and reply types, with their JSON
+    /// Schemas when they implement `schemars::JsonSchema`; the default
+    /// names the body type and no reply.
+    fn message_types(&self) -> MessageTypes {
+        MessageTypes::of::<Self::Body, ()>()
     }
 }
 

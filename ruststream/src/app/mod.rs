@@ -1,10 +1,15 @@
 //! The application: brokers, subscribers and the runtime that drives them.
 
+#[cfg(feature = "asyncapi")]
+mod asyncapi;
+mod check;
 #[cfg(feature = "prometheus")]
 mod endpoints;
 mod hooks;
 mod register;
 mod running;
+#[cfg(feature = "config")]
+mod settings;
 mod signal;
 
 use std::sync::Arc;
@@ -77,6 +82,9 @@ pub struct App<B = NoBroker> {
     endpoints: Option<std::net::SocketAddr>,
     /// The `app` label of the app's metrics.
     name: String,
+    /// Publishers declared for documents ([`App::publishes`]).
+    #[cfg(feature = "asyncapi")]
+    published: Vec<crate::asyncapi::Publication>,
 }
 
 impl App<NoBroker> {
@@ -97,6 +105,8 @@ impl App<NoBroker> {
             mistakes: Vec::new(),
             endpoints: None,
             name: "app".to_owned(),
+            #[cfg(feature = "asyncapi")]
+            published: Vec::new(),
         }
     }
 }
@@ -132,6 +142,8 @@ impl<B> App<B> {
             mistakes: self.mistakes,
             endpoints: self.endpoints,
             name: self.name,
+            #[cfg(feature = "asyncapi")]
+            published: self.published,
         }
     }
 
@@ -474,19 +486,6 @@ impl<B: Broker> App<B> {
                     tracing::warn!("second signal: forcing the shutdown timeout path");
                 }
             })
-            .await
-    }
-}
-
-/// An `App` returned by a `#[ruststream::app]` main runs until a signal or
-/// a shutdown request, with the macro's shutdown timeout unless the app set
-/// its own.
-impl<B: Broker> crate::__private::MainOutput for App<B> {
-    async fn finish(self, config: crate::__private::RuntimeConfig) -> std::process::ExitCode {
-        self.default_shutdown_timeout(config.shutdown_timeout)
-            .run()
-            .await
-            .finish(config)
             .await
     }
 }

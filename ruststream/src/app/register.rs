@@ -33,14 +33,41 @@ pub(crate) struct StartContext {
 /// A subscriber bound to its broker, ready to subscribe and spawn its loop.
 pub(crate) trait StartUnit: Send {
     fn config(&self) -> &SubscriberConfig;
+    /// The configuration, to change before start (settings).
+    #[cfg(feature = "config")]
+    fn config_mut(&mut self) -> &mut SubscriberConfig;
     /// The handler's name and the shared state types it takes.
     fn requires(&self) -> (&'static str, Vec<StateKey>);
     /// The name of the broker it is bound to.
     fn broker_name(&self) -> &'static str;
+    /// What it receives and replies, for an AsyncAPI document.
+    #[cfg(feature = "asyncapi")]
+    fn reception(&self) -> crate::asyncapi::Reception;
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>>;
     /// The same subscriber bound to an in-process broker instead (tests).
     #[cfg(feature = "testing")]
     fn rebind(self: Box<Self>, broker: crate::MemoryBroker) -> Box<dyn StartUnit>;
+}
+
+#[cfg(feature = "asyncapi")]
+fn reception<B: Broker, S: Subscriber>(
+    broker: &B,
+    subscriber: &S,
+    config: &SubscriberConfig,
+) -> crate::asyncapi::Reception {
+    crate::asyncapi::Reception {
+        handler: subscriber.name(),
+        subject: config.subject.to_string(),
+        queue_group: config.queue_group.as_ref().map(ToString::to_string),
+        dead_letter: config.dead_letter.as_ref().map(ToString::to_string),
+        server: crate::asyncapi::Server {
+            broker: broker.name(),
+            host: broker.host(),
+        },
+        types: subscriber
+            .message_types()
+            .with_content_types(subscriber.content_type(), subscriber.reply_content_type()),
+    }
 }
 
 /// A subscriber bound to its broker (opaque; made by [`IntoSubscriber`]).
@@ -120,12 +147,22 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
         &self.config
     }
 
+    #[cfg(feature = "config")]
+    fn config_mut(&mut self) -> &mut SubscriberConfig {
+        &mut self.config
+    }
+
     fn requires(&self) -> (&'static str, Vec<StateKey>) {
         (self.subscriber.name(), self.subscriber.required_state())
     }
 
     fn broker_name(&self) -> &'static str {
         Broker::name(&self.broker)
+    }
+
+    #[cfg(feature = "asyncapi")]
+    fn reception(&self) -> crate::asyncapi::Reception {
+        reception(&self.broker, &self.subscriber, &self.config)
     }
 
     #[cfg(feature = "testing")]
@@ -188,12 +225,22 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
         &self.config
     }
 
+    #[cfg(feature = "config")]
+    fn config_mut(&mut self) -> &mut SubscriberConfig {
+        &mut self.config
+    }
+
     fn requires(&self) -> (&'static str, Vec<StateKey>) {
         (self.subscriber.name(), self.subscriber.required_state())
     }
 
     fn broker_name(&self) -> &'static str {
         Broker::name(&self.broker)
+    }
+
+    #[cfg(feature = "asyncapi")]
+    fn reception(&self) -> crate::asyncapi::Reception {
+        reception(&self.broker, &self.subscriber, &self.config)
     }
 
     #[cfg(feature = "testing")]

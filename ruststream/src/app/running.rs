@@ -148,7 +148,7 @@ impl RunningApp {
         } = parts;
         for unit in &units {
             unit.config().validate()?;
-            check_state(&app, unit.config(), unit.requires())?;
+            check_state(|id| app.has_state(id), unit.config(), unit.requires())?;
         }
         let served = Served::bind(endpoints, &app).await?;
         hooks::run(hooks.on_startup, &app, "on_startup", true).await?;
@@ -357,12 +357,12 @@ fn take(hooks: &Mutex<Vec<hooks::Hook>>) -> Vec<hooks::Hook> {
 /// A startup error unless every shared state type a subscriber's handler
 /// takes is registered: a missing one would fail every delivery, so it is a
 /// configuration mistake.
-fn check_state(
-    app: &AppHandle,
+pub(super) fn check_state(
+    has_state: impl Fn(std::any::TypeId) -> bool,
     config: &SubscriberConfig,
     (handler, states): (&'static str, Vec<StateKey>),
 ) -> Result<()> {
-    match states.iter().find(|key| !app.has_state(key.id())) {
+    match states.iter().find(|key| !has_state(key.id())) {
         Some(missing) => Err(Error::Config(format!(
             "subscriber `{}` (handler `{handler}`) takes `State<{}>`, but the app has no state of that type: register it with `App::state(..)`",
             config.subject(),

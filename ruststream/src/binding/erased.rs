@@ -19,6 +19,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// `Ctx` sends through it.
 pub(crate) trait ErasedBroker: Send + Sync {
     fn name(&self) -> &'static str;
+    /// [`Broker::host`].
+    #[cfg(feature = "asyncapi")]
+    fn host(&self) -> Option<String>;
     fn close(&self) -> BoxFuture<'_, Result<()>>;
     /// For typed lookups ([`AppHandle::publisher`](crate::AppHandle::publisher)).
     fn as_any(&self) -> &dyn std::any::Any;
@@ -43,6 +46,11 @@ pub(crate) trait ErasedBroker: Send + Sync {
 impl<B: Broker> ErasedBroker for B {
     fn name(&self) -> &'static str {
         Broker::name(self)
+    }
+
+    #[cfg(feature = "asyncapi")]
+    fn host(&self) -> Option<String> {
+        Broker::host(self)
     }
 
     fn clone_arc(&self) -> Arc<dyn ErasedBroker> {

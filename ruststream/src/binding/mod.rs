@@ -146,6 +146,26 @@ pub trait Broker: Clone + Send + Sync + 'static {
     fn as_requester(&self) -> Option<&dyn DynRequester> {
         None
     }
+
+    /// Where the broker is, `host:port` without scheme or credentials, for
+    /// documents (an AsyncAPI server). `None` (the default) for a broker
+    /// inside the process.
+    fn host(&self) -> Option<String> {
+        None
+    }
+}
+
+/// `host:port` of a URL: no scheme, credentials, path or query.
+#[cfg_attr(
+    not(any(feature = "nats", feature = "redis", feature = "rabbitmq")),
+    allow(dead_code)
+)]
+pub(crate) fn host_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.split(['/', '?']).next().unwrap_or(rest);
+    rest.rsplit_once('@')
+        .map_or(rest, |(_, host)| host)
+        .to_owned()
 }
 
 /// One receive stream. The runtime never holds a job permit while a

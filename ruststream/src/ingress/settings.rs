@@ -75,6 +75,12 @@ impl JobQueueSettings {
         }
     }
 
+    /// The same settings on another profile, overrides kept.
+    pub const fn with_profile(mut self, profile: JobQueueProfile) -> Self {
+        self.profile = profile;
+        self
+    }
+
     /// Exact permit count (`MaxQueuedApplicationJobs`), overriding the profile.
     pub const fn max_queued_jobs(mut self, max: usize) -> Self {
         self.max_queued_jobs = Some(max);

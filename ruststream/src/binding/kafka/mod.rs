@@ -285,6 +285,10 @@ impl Broker for KafkaBroker {
         "kafka"
     }
 
+    fn host(&self) -> Option<String> {
+        Some(self.bootstrap().to_owned())
+    }
+
     async fn subscribe(&self, options: SubscribeOptions) -> Result<KafkaSubscription> {
         self.ensure_open()?;
         if options.subject.contains(['*', '>']) {

@@ -282,6 +282,13 @@ impl Broker for MqttBroker {
         "mqtt"
     }
 
+    fn host(&self) -> Option<String> {
+        Some(format!(
+            "{}:{}",
+            self.inner.address.host, self.inner.address.port
+        ))
+    }
+
     fn as_requester(&self) -> Option<&dyn crate::binding::DynRequester> {
         Some(self)
     }

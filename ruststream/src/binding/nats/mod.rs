@@ -64,6 +64,8 @@ pub struct NatsBroker {
     publish_timeout: Duration,
     closed: Arc<AtomicBool>,
     reconnects: reconnects::Reconnects,
+    /// `host:port` of the URL it connected with.
+    host: Arc<str>,
 }
 
 impl std::fmt::Debug for NatsBroker {
@@ -204,6 +206,7 @@ impl NatsBrokerBuilder {
             publish_timeout: self.publish_timeout,
             closed: Arc::new(AtomicBool::new(false)),
             reconnects,
+            host: crate::binding::host_of(url).into(),
         })
     }
 }
@@ -324,6 +327,10 @@ impl Broker for NatsBroker {
 
     fn name(&self) -> &'static str {
         "nats"
+    }
+
+    fn host(&self) -> Option<String> {
+        Some(self.host.to_string())
     }
 
     async fn subscribe(&self, options: SubscribeOptions) -> Result<NatsSubscription> {

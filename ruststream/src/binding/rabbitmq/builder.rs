@@ -150,6 +150,7 @@ impl RabbitBrokerBuilder {
                 publisher,
                 settings: self,
                 closed: AtomicBool::new(false),
+                host: crate::binding::host_of(url),
                 ack_windows: Mutex::new(Vec::new()),
                 inbox: tokio::sync::Mutex::new(None),
                 delay_queues: Mutex::new(HashMap::new()),

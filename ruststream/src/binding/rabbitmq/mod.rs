@@ -84,6 +84,8 @@ struct Inner {
     publisher: lapin::Channel,
     settings: RabbitBrokerBuilder,
     closed: AtomicBool,
+    /// `host:port` of the URL it connected with.
+    host: String,
     /// Every subscription's ack window, flushed before the connection closes.
     ack_windows: Mutex<Vec<Weak<acks::Acks>>>,
     /// The request channel, started by the first request.
@@ -275,6 +277,10 @@ impl Broker for RabbitBroker {
 
     fn name(&self) -> &'static str {
         "rabbitmq"
+    }
+
+    fn host(&self) -> Option<String> {
+        Some(self.inner.host.clone())
     }
 
     async fn subscribe(&self, options: SubscribeOptions) -> Result<RabbitSubscription> {

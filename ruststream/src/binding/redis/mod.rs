@@ -76,6 +76,8 @@ struct Inner {
     buffered: AtomicUsize,
     /// The reply inbox, started by the first request.
     inbox: tokio::sync::Mutex<Option<Arc<reply::Inbox>>>,
+    /// `host:port` of the URL it connected with.
+    host: String,
 }
 
 impl std::fmt::Debug for RedisBroker {
@@ -183,6 +185,7 @@ impl RedisBrokerBuilder {
                 acks: Mutex::new(Vec::new()),
                 buffered: AtomicUsize::new(0),
                 inbox: tokio::sync::Mutex::new(None),
+                host: crate::binding::host_of(url),
             }),
         })
     }
@@ -343,6 +346,10 @@ impl Broker for RedisBroker {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn host(&self) -> Option<String> {
+        Some(self.inner.host.clone())
     }
 
     async fn subscribe(&self, options: SubscribeOptions) -> Result<RedisSubscription> {

@@ -1,4 +1,4 @@
 #[ruststream::app]
-async fn main(args: Vec<String>) {
-    let _ = args;
+async fn main(settings: ruststream::settings::Settings, args: Vec<String>) {
+    let _ = (settings, args);
 }

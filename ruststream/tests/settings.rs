@@ -1,0 +1,290 @@
+//! Settings from a TOML file and `RUSTSTREAM__…` variables (feature
+//! `config`): the layering code < file < environment, errors that name the
+//! key and where it came from, per-subscriber overrides that change how a
+//! running app consumes, and a broker URL from the environment reaching a
+//! real NATS server.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::{unique, within};
+use ruststream::ingress::{JobQueueProfile, JobQueueSettings};
+use ruststream::prelude::*;
+use ruststream::settings::Settings;
+use ruststream::{Error, SubscribeOptions, header};
+use tokio::sync::Barrier;
+
+const NO_VARS: [(&str, &str); 0] = [];
+
+/// A settings file of the test's own.
+fn file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique("ruststream-settings"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn config_error(result: ruststream::Result<Settings>) -> String {
+    match result {
+        Err(Error::Config(message)) => message,
+        Err(other) => panic!("expected a configuration error, got {other}"),
+        Ok(settings) => panic!("expected an error, got {settings:?}"),
+    }
+}
+
+#[test]
+fn the_environment_wins_over_the_file_which_wins_over_the_code() {
+    let path = file(
+        "layers.toml",
+        "shutdown_timeout = \"30s\"\n[job_queue]\nprofile = \"small\"\nmax_queued_jobs = 100\n",
+    );
+    let settings = Settings::from_sources(
+        Some(&path),
+        [
+            ("RUSTSTREAM__JOB_QUEUE__MAX_QUEUED_JOBS", "64"),
+            ("RUSTSTREAM_NATS_URL", "not a setting: no double underscore"),
+            ("PATH", "/usr/bin"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(settings.shutdown_timeout(), Some(Duration::from_secs(30)));
+    let code = JobQueueSettings::profile(JobQueueProfile::Large).pause_resume(90, 10);
+    let jobs = settings.job_queue().apply(code);
+    assert_eq!(jobs.get_profile(), JobQueueProfile::Small, "file over code");
+    assert_eq!(jobs.effective_max(), 64, "environment over file");
+    assert_eq!(jobs.percents(), (90, 10), "code where nothing else says");
+}
+
+#[test]
+fn an_unknown_key_in_the_file_names_the_key_and_the_file() {
+    let path = file("typo.toml", "[job_queue]\nmax_jobs = 5\n");
+    let message = config_error(Settings::from_sources(Some(&path), NO_VARS));
+    assert!(message.contains("`job_queue.max_jobs`"), "{message}");
+    assert!(message.contains(&path.display().to_string()), "{message}");
+    assert!(
+        message.contains("max_queued_jobs"),
+        "lists the valid keys: {message}"
+    );
+}
+
+#[test]
+fn an_unknown_variable_names_the_variable() {
+    let message = config_error(Settings::from_sources(
+        None,
+        [("RUSTSTREAM__SUBSCRIBERS__CONFIRM__WORKRES", "4")],
+    ));
+    assert!(
+        message.contains("`subscribers.confirm.workres`"),
+        "{message}"
+    );
+    assert!(
+        message.contains("environment variable RUSTSTREAM__SUBSCRIBERS__CONFIRM__WORKRES"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_value_of_the_wrong_type_names_the_key_and_its_source() {
+    let message = config_error(Settings::from_sources(
+        None,
+        [("RUSTSTREAM__SUBSCRIBERS__CONFIRM__WORKERS", "many")],
+    ));
+    assert!(
+        message.contains("`subscribers.confirm.workers`"),
+        "{message}"
+    );
+    assert!(
+        message.contains("environment variable RUSTSTREAM__SUBSCRIBERS__CONFIRM__WORKERS"),
+        "{message}"
+    );
+
+    let path = file("bad.toml", "shutdown_timeout = \"soon\"\n");
+    let message = config_error(Settings::from_sources(Some(&path), NO_VARS));
+    assert!(message.contains("`shutdown_timeout`"), "{message}");
+    assert!(message.contains(&path.display().to_string()), "{message}");
+    assert!(
+        message.contains("\"30s\""),
+        "says what a duration looks like: {message}"
+    );
+}
+
+#[test]
+fn a_missing_file_is_an_error() {
+    let path = std::env::temp_dir()
+        .join(unique("no-such-settings"))
+        .join("app.toml");
+    let message = config_error(Settings::from_sources(Some(&path), NO_VARS));
+    assert!(message.contains(&path.display().to_string()), "{message}");
+}
+
+#[subscriber("settings.parallel")]
+async fn parallel(_job: Bytes, barrier: State<Barrier>) -> Result<(), HandlerError> {
+    // Sequential by its code: three at once only with `workers = 3`.
+    within(5, "three handlers at once", barrier.wait()).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn workers_from_the_settings_run_handlers_side_by_side() {
+    let settings =
+        Settings::from_sources(None, [("RUSTSTREAM__SUBSCRIBERS__PARALLEL__WORKERS", "3")])
+            .unwrap();
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .state(Barrier::new(4))
+        .subscriber(parallel)
+        .settings(&settings)
+        .start()
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        broker
+            .publish_message("settings.parallel", Message::new("job"), None)
+            .await
+            .unwrap();
+    }
+    // The fourth party: passes only when all three handlers wait at once.
+    let barrier = running.handle().state::<Barrier>().unwrap();
+    within(5, "three handlers side by side", barrier.wait()).await;
+    running.shutdown().await.unwrap();
+}
+
+static FAILURES: AtomicU32 = AtomicU32::new(0);
+
+#[subscriber("settings.failing", max_attempts = 5)]
+async fn failing(_job: Bytes) -> Result<(), HandlerError> {
+    FAILURES.fetch_add(1, Ordering::SeqCst);
+    Err(HandlerError::retry("always"))
+}
+
+#[tokio::test]
+async fn max_attempts_and_dead_letter_from_a_file_take_effect() {
+    let path = file(
+        "failing.toml",
+        "[subscribers.failing]\nmax_attempts = 2\ndead_letter = \"settings.failing.dead\"\n",
+    );
+    let settings = Settings::from_sources(Some(&path), NO_VARS).unwrap();
+    let broker = MemoryBroker::new();
+    let mut dead = broker
+        .subscribe(SubscribeOptions::new("settings.failing.dead"))
+        .await
+        .unwrap();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(failing)
+        .settings(&settings)
+        .start()
+        .await
+        .unwrap();
+    broker
+        .publish_message("settings.failing", Message::new("job"), None)
+        .await
+        .unwrap();
+    let delivery = within(5, "the dead letter", dead.next()).await.unwrap();
+    assert_eq!(
+        delivery.envelope().headers().get(header::ATTEMPT),
+        Some("2")
+    );
+    assert_eq!(
+        FAILURES.load(Ordering::SeqCst),
+        2,
+        "two attempts, not the code's five"
+    );
+    running.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_section_for_no_subscriber_stops_the_start_naming_its_source() {
+    let path = file("unknown.toml", "[subscribers.confirm]\nworkers = 2\n");
+    let settings = Settings::from_sources(Some(&path), NO_VARS).unwrap();
+    let err = App::new()
+        .broker(MemoryBroker::new())
+        .subscriber(failing)
+        .settings(&settings)
+        .start()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`subscribers.confirm`"), "{err}");
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    assert!(
+        err.contains("failing"),
+        "lists the subscribers there are: {err}"
+    );
+}
+
+#[tokio::test]
+async fn a_broker_section_the_code_never_reads_is_an_error() {
+    let settings =
+        Settings::from_sources(None, [("RUSTSTREAM__BROKERS__NATZ__URL", "nats://x:1")]).unwrap();
+    let _ = settings.broker("nats");
+    let err = App::new()
+        .broker(MemoryBroker::new())
+        .settings(&settings)
+        .check()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`brokers.natz`"), "{err}");
+    assert!(err.contains("RUSTSTREAM__BROKERS__NATZ"), "{err}");
+    assert!(err.contains("it reads: nats"), "{err}");
+}
+
+#[test]
+fn workers_and_threads_together_are_refused() {
+    let settings = Settings::from_sources(
+        None,
+        [
+            ("RUSTSTREAM__SUBSCRIBERS__FAILING__WORKERS", "2"),
+            ("RUSTSTREAM__SUBSCRIBERS__FAILING__THREADS", "2"),
+        ],
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let err = runtime
+        .block_on(
+            App::new()
+                .broker(MemoryBroker::new())
+                .subscriber(failing)
+                .settings(&settings)
+                .check(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not both"), "{err}");
+}
+
+/// The URL comes from the environment; the code's default points nowhere.
+#[cfg(feature = "nats")]
+#[tokio::test]
+async fn a_broker_url_from_the_environment_reaches_nats() {
+    let url =
+        std::env::var("RUSTSTREAM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let settings =
+        Settings::from_sources(None, [("RUSTSTREAM__BROKERS__NATS__URL", url.as_str())]).unwrap();
+    let nats = settings.broker("nats");
+    let broker = ruststream::nats::NatsBroker::connect(nats.url_or("nats://127.0.0.1:1"))
+        .await
+        .unwrap_or_else(|err| {
+            panic!("NATS is not reachable at {url}: {err}\nstart it with scripts/services.sh (or scripts/test.sh)")
+        });
+    let subject = unique("settings.nats");
+    let mut subscription = broker
+        .subscribe(SubscribeOptions::new(subject.as_str()))
+        .await
+        .unwrap();
+    broker
+        .publish_message(&subject, Message::new("over NATS"), None)
+        .await
+        .unwrap();
+    let delivery = within(5, "a message over NATS", subscription.next())
+        .await
+        .unwrap();
+    assert_eq!(delivery.envelope().payload(), "over NATS".as_bytes());
+    broker.close().await.unwrap();
+}
