@@ -14,6 +14,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import uuid
 
 import redis
@@ -70,14 +71,40 @@ def consume(command: list[str], feed: list[str] | None) -> dict[str, float]:
     there is one) and returns its msgs/s, CPU seconds and peak RSS."""
     consumer = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert consumer.stdout is not None
+    out = []
     if feed is not None:
         line = consumer.stdout.readline()
         if line.strip() != "ready":
             fail(f"{command} did not get ready (said {line!r})")
-        subprocess.run(feed, check=True, stdout=subprocess.DEVNULL)
-    out = consumer.stdout.read()
+        # The consumer's "handled=<k>" reports go to the publisher, whose
+        # credit they are.
+        feeder = subprocess.Popen(feed, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        assert feeder.stdin is not None
+
+        def stop_consumer_if_feeder_fails() -> None:
+            if feeder.wait() != 0:
+                consumer.kill()
+
+        threading.Thread(target=stop_consumer_if_feeder_fails, daemon=True).start()
+        for line in consumer.stdout:
+            if not line.startswith("handled="):
+                out.append(line)
+            elif feeder.poll() is None:
+                try:
+                    feeder.stdin.write(line)
+                    feeder.stdin.flush()
+                except BrokenPipeError:
+                    pass  # it has published all
+        try:
+            feeder.stdin.close()
+        except BrokenPipeError:
+            pass
+        if feeder.wait() != 0:
+            fail(f"{feed} exited {feeder.returncode}")
+    out += consumer.stdout.readlines()
     consumer.stdout.close()
     consumer.wait()
+    out = "".join(out)
     result = [fields(line) for line in out.splitlines() if line.startswith("scenario=")]
     if consumer.returncode != 0 or not result:
         fail(f"{command} exited {consumer.returncode}: {out!r}")

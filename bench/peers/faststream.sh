@@ -12,8 +12,11 @@
 #   group, nothing to acknowledge). Once the consumer is subscribed, a
 #   separate process (`ruststream-bench peer-publish-nats`, raw async-nats)
 #   publishes the N messages, without headers, as fast as the server takes
-#   them; nats-server slows the publisher down when the consumer falls
-#   behind, so nothing is dropped.
+#   them but never more than 10,000 beyond what the consumer has reported
+#   handled (both consumers print `handled=<k>` every 1,000 messages; the
+#   driver passes the lines on). Core NATS has no flow control of its own:
+#   without that credit nats-server 2.9 cut FastStream's subscriber off
+#   mid-run on a loaded machine. A consumer that keeps up never waits.
 # * redis-streams: the stream `bench.peers` holds the N entries before the
 #   consumer starts, group `bench` at its beginning; one consumer of the
 #   group reads 100 entries per XREADGROUP and acknowledges every entry.

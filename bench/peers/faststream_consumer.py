@@ -23,6 +23,7 @@ SUBJECT = "bench.peers"
 QUEUE = "bench@bench.peers"  # what the loader fills, ours reads
 READ_COUNT = 100  # entries per XREADGROUP, as ours
 PREFETCH = 256  # RabbitMQ prefetch, as ours
+REPORT_EVERY = 1000  # NATS: "handled=<k>" lines, for the publisher's credit
 TIMEOUT = 600.0
 
 
@@ -69,6 +70,7 @@ async def main(kind: str, n: int) -> None:
     done = asyncio.Event()
     first: list[tuple[float, float]] = []
     seen = 0
+    report = kind == "nats-core"
 
     @subscriber
     async def count(body: bytes) -> None:
@@ -76,6 +78,8 @@ async def main(kind: str, n: int) -> None:
         if not first:
             first.append((time.perf_counter(), cpu_seconds()))
         seen += 1
+        if report and seen % REPORT_EVERY == 0:
+            print(f"handled={seen}", flush=True)
         if seen == n:
             done.set()
 

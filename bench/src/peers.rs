@@ -8,10 +8,18 @@
 //!   prints, besides the usual fields, `cpu_s`: the CPU time of the process
 //!   (all threads, `getrusage`) from the first message handled to the N-th,
 //!   the same span as `secs`, and `peak_rss_kib`: the process's peak
-//!   resident set (`VmHWM`) when the N-th message was handled. On NATS it prints `ready` once subscribed,
-//!   and the driver then starts the publisher.
+//!   resident set (`VmHWM`) when the N-th message was handled. On NATS it
+//!   prints `ready` once subscribed, and `handled=<k>` every
+//!   [`REPORT_EVERY`] messages, which the driver passes on to the
+//!   publisher.
 //! * `peer-publish-nats`: publishes N raw messages to `bench.peers` (no
-//!   headers) with `async-nats`, then flushes.
+//!   headers) with `async-nats`, at most [`AHEAD`] beyond the last
+//!   `handled=<k>` line on its standard input, then flushes. Core NATS has
+//!   no flow control: nats-server cuts off a subscriber that falls behind by
+//!   more than it can write within its deadline (10 s), and a publisher
+//!   that outran a slow consumer by all N messages got FastStream's
+//!   subscriber cut off on a loaded machine. A consumer that keeps up never
+//!   waits for credit.
 //! * `peer-load-rabbitmq`: fills the durable queue `bench@bench.peers` (the
 //!   one group `bench` on subject `bench.peers` reads) with N raw messages,
 //!   publisher confirms awaited.
@@ -53,6 +61,12 @@ const PREFETCH: u16 = 256;
 /// Core NATS messages the subscription may buffer: more than any run sends,
 /// so a burst is never dropped.
 const CAPACITY: usize = 1 << 17;
+/// How often a NATS consumer reports how many messages it has handled.
+const REPORT_EVERY: u64 = 1_000;
+/// How many messages the NATS publisher may be ahead of the consumer:
+/// about 5.5 MB, which even a consumer doing 1,000 msgs/s drains within
+/// nats-server's write deadline.
+const AHEAD: u64 = 10_000;
 
 /// Runs peer scenario `name` over `n` messages; `None` for other names.
 pub async fn run(name: &str, n: u64) -> Option<Result<Measurement, BoxError>> {
@@ -146,6 +160,10 @@ async fn nats_core(n: u64) -> Result<Measurement, BoxError> {
     #[subscriber("bench.peers")]
     async fn count(_payload: Bytes) {
         handled();
+        let seen = progress::count();
+        if seen % REPORT_EVERY == 0 {
+            println!("handled={seen}");
+        }
     }
     let nats = NatsBroker::builder()
         .subscription_capacity(CAPACITY)
@@ -191,13 +209,37 @@ async fn rabbitmq(n: u64) -> Result<Measurement, BoxError> {
 }
 
 /// `n` raw 512-byte messages to [`SUBJECT`], as fast as the client takes
-/// them.
+/// them while the consumer's last report on standard input leaves credit.
 async fn publish_nats(n: u64) -> Result<Measurement, BoxError> {
     let client = async_nats::connect(crate::nats::url()).await?;
+    let (report, mut handled) = tokio::sync::watch::channel(0);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Some(k) = line.ok().and_then(|l| l.strip_prefix("handled=")?.parse().ok()) else {
+                continue;
+            };
+            if report.send(k).is_err() {
+                return;
+            }
+        }
+    });
     let payload = Bytes::from(vec![b'x'; 512]);
     let start = Instant::now();
-    for _ in 0..n {
-        client.publish(SUBJECT, payload.clone()).await?;
+    let mut sent = 0;
+    while sent < n {
+        let credit = (*handled.borrow_and_update() + AHEAD).min(n);
+        if sent == credit {
+            client.flush().await?;
+            handled
+                .changed()
+                .await
+                .map_err(|_| format!("stdin closed after {sent} of {n} messages"))?;
+            continue;
+        }
+        for _ in sent..credit {
+            client.publish(SUBJECT, payload.clone()).await?;
+        }
+        sent = credit;
     }
     client.flush().await?;
     Ok(Measurement {
