@@ -132,7 +132,9 @@ fn handled() {
 /// stalls fails the run), and measures from the first to the last.
 async fn consume<B: Broker>(
     app: App<B>,
-    n: u64, ready: impl AsyncFnOnce() -> Result<(), BoxError>) -> Result<Measurement, BoxError> {
+    n: u64,
+    ready: impl AsyncFnOnce() -> Result<(), BoxError>,
+) -> Result<Measurement, BoxError> {
     progress::expect(n);
     let running = app.start().await?;
     ready().await?;
@@ -161,7 +163,7 @@ async fn nats_core(n: u64) -> Result<Measurement, BoxError> {
     async fn count(_payload: Bytes) {
         handled();
         let seen = progress::count();
-        if seen % REPORT_EVERY == 0 {
+        if seen.is_multiple_of(REPORT_EVERY) {
             println!("handled={seen}");
         }
     }
