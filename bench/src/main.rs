@@ -9,7 +9,9 @@
 //! scripts read them from here); `--list-brokers` the ones that need a
 //! broker server (NATS on `RUSTSTREAM_NATS_URL`, Redis on
 //! `RUSTSTREAM_REDIS_URL`), built with the bench's `nats` and `redis`
-//! features and run by `bench/brokers.sh`.
+//! features and run by `bench/brokers.sh`. The `peer-*` scenarios (feature
+//! `peers`) are run by `bench/peers/faststream.sh` and also print
+//! `cpu_s=<process CPU seconds over secs> peak_rss_kib=<VmHWM>`.
 //!
 //! Environment:
 //! * `RUSTSTREAM_BENCH_RT`: `multi` (default; multi-thread runtime, 2 worker
@@ -42,6 +44,7 @@ broker_scenarios!("redis", redis);
 broker_scenarios!("rabbitmq", rabbitmq);
 broker_scenarios!("kafka", kafka);
 broker_scenarios!("mqtt", mqtt);
+broker_scenarios!("peers", peers);
 mod payload;
 mod progress;
 mod scenarios;
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
             || rabbitmq::NAMES.contains(&s)
             || kafka::NAMES.contains(&s)
             || mqtt::NAMES.contains(&s)
+            || peers::NAMES.contains(&s)
     };
     let (scenario, n) = match args.as_slice() {
         [scenario, n] if known(scenario) => match n.parse::<u64>() {
@@ -112,7 +116,12 @@ fn main() -> ExitCode {
         alloc::enable();
     }
 
-    let payloads = payload::build(n);
+    // Only the memory scenarios publish pre-built payloads.
+    let payloads = payload::build(if scenarios::NAMES.contains(&scenario) {
+        n
+    } else {
+        0
+    });
     let measured = runtime.block_on(async {
         if let Some(measured) = nats::run(scenario, n).await {
             return Some(measured);
@@ -127,6 +136,9 @@ fn main() -> ExitCode {
             return Some(measured);
         }
         if let Some(measured) = mqtt::run(scenario, n).await {
+            return Some(measured);
+        }
+        if let Some(measured) = peers::run(scenario, n).await {
             return Some(measured);
         }
         scenarios::run(scenario, Arc::clone(&payloads)).await
@@ -146,6 +158,12 @@ fn main() -> ExitCode {
         "scenario={scenario} msgs={n} secs={secs:.6} msgs_per_s={:.0}",
         n as f64 / secs
     );
+    if let Some(cpu) = m.cpu {
+        line += &format!(" cpu_s={:.3}", cpu.as_secs_f64());
+    }
+    if let Some(kib) = m.peak_rss_kib {
+        line += &format!(" peak_rss_kib={kib}");
+    }
     if count_allocs {
         line += &format!(" allocs_per_msg={:.2}", m.allocs as f64 / n as f64);
     }

@@ -32,7 +32,7 @@ pub async fn run(name: &str, n: u64) -> Option<Result<Measurement, BoxError>> {
     })
 }
 
-fn url() -> String {
+pub(crate) fn url() -> String {
     std::env::var("RUSTSTREAM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
 }
 

@@ -31,13 +31,13 @@ pub async fn run(name: &str, n: u64) -> Option<Result<Measurement, BoxError>> {
     })
 }
 
-fn url() -> String {
+pub(crate) fn url() -> String {
     std::env::var("RUSTSTREAM_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
 /// A durable queue holding `n` messages, outside the timed section.
-async fn preload(conn: &Connection, queue: &str, n: u64) -> Result<lapin::Channel, BoxError> {
+pub(crate) async fn preload(conn: &Connection, queue: &str, n: u64) -> Result<lapin::Channel, BoxError> {
     let channel = conn.create_channel().await?;
     channel
         .queue_declare(

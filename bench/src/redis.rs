@@ -24,7 +24,7 @@ pub async fn run(name: &str, n: u64) -> Option<Result<Measurement, BoxError>> {
     })
 }
 
-fn url() -> String {
+pub(crate) fn url() -> String {
     std::env::var("RUSTSTREAM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 

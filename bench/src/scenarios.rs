@@ -53,6 +53,11 @@ pub async fn run(name: &str, payloads: Arc<[Bytes]>) -> Option<Result<Measuremen
 pub struct Measurement {
     pub elapsed: Duration,
     pub allocs: u64,
+    /// The process's CPU time over `elapsed`, where a scenario measures it.
+    pub cpu: Option<Duration>,
+    /// The process's peak resident set so far, in KiB, where a scenario
+    /// measures it.
+    pub peak_rss_kib: Option<u64>,
 }
 
 /// A point in time, with the allocation count at that point.
@@ -74,6 +79,8 @@ impl Mark {
         Measurement {
             elapsed: end.at - self.at,
             allocs: end.allocs - self.allocs,
+            cpu: None,
+            peak_rss_kib: None,
         }
     }
 }
