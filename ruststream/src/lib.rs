@@ -65,9 +65,9 @@ mod outcome;
 mod outgoing;
 mod pipeline;
 mod publisher;
-mod spans;
 #[cfg(feature = "config")]
 pub mod settings;
+mod spans;
 pub mod subscriber;
 mod sync;
 mod tasks;
