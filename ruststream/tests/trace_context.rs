@@ -104,7 +104,9 @@ async fn one_trace<B: Broker + Requester>(broker: B) {
         .unwrap();
 
     let client = Publisher::new(broker);
-    let checkout = tracing::info_span!("checkout");
+    // Named after this test's subject: both tests share the exporter.
+    let checkout =
+        tracing::info_span!("checkout", otel.name = %format!("checkout {quote_subject}"));
     let reply = async {
         let message = client.encode(&2u64).unwrap();
         client.request_message(&quote_subject, message, WAIT).await
@@ -114,7 +116,7 @@ async fn one_trace<B: Broker + Requester>(broker: B) {
     .unwrap();
     assert_eq!(reply.payload().as_ref(), b"6");
 
-    let checkout = span("checkout").await;
+    let checkout = span(&format!("checkout {quote_subject}")).await;
     let request = span(&format!("request {quote_subject}")).await;
     let process = span(&format!("process {quote_subject}")).await;
     let publish = span(&format!("publish {audit_subject}")).await;
