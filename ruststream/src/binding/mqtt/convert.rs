@@ -3,6 +3,7 @@
 //! is the correlation data, the key is the `ruststream-key` user property.
 
 use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 
 use crate::message::header;
@@ -88,4 +89,16 @@ pub(super) fn without_reply(message: &Message) -> Message {
         out = out.with_correlation_id(id.clone());
     }
     out
+}
+
+/// What `rumqttc` builds an ack from: the packet id and the QoS.
+pub(super) fn ack_of(pkid: u16, qos: QoS) -> Publish {
+    let mut publish = Publish::new("", qos, bytes::Bytes::new(), None);
+    publish.pkid = pkid;
+    publish
+}
+
+/// A topic one can publish to: not empty, no wildcards.
+pub(super) fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty() && !topic.contains(['+', '#'])
 }

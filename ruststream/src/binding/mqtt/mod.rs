@@ -71,6 +71,7 @@ mod builder;
 mod connection;
 mod convert;
 mod delivery;
+mod pump;
 mod reply;
 mod subscription;
 
