@@ -15,10 +15,17 @@
 //!
 //! Every resource inside the future (socket, request channel, timers,
 //! buffer room) wakes one [`Route`], which wakes the reader while it waits
-//! and the connection task otherwise. Whoever polls looks for wake-ups that
-//! came meanwhile once it is done, so none is lost, and a wake-up during a
-//! poll goes through the scheduler (never a loop here: Tokio's cooperative
-//! budget wakes a task whose budget is spent and expects it to yield).
+//! and the connection task otherwise — except a wake-up the reader's own
+//! task causes between two reads (its acks, a publish it takes out of a
+//! full buffer): that one waits for the reader's next read
+//! ([`Pump::poke`] in `try_next`, or `ready`), which the runtime's loops
+//! make right after they settle, as a raw loop's next poll writes the acks
+//! it queued. Any other wake-up (the socket, the keep-alive timer, another
+//! task's ack, close) still wakes the connection task. Whoever polls looks
+//! for wake-ups that came meanwhile once it is done, so none is lost, and a
+//! wake-up during a poll goes through the scheduler (never a loop here:
+//! Tokio's cooperative budget wakes a task whose budget is spent and
+//! expects it to yield).
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
@@ -56,10 +63,26 @@ struct Route {
     polling: AtomicU8,
     done: AtomicBool,
     reader: AtomicWaker,
+    /// The reader's task, whose own wake-ups wait for its next read.
+    reader_task: Mutex<Option<tokio::task::Id>>,
     task: AtomicWaker,
 }
 
 impl Route {
+    fn on_reader_task(&self) -> bool {
+        let current = tokio::task::try_id();
+        current.is_some() && *self.reader_task.lock().unwrap_or_else(|e| e.into_inner()) == current
+    }
+
+    /// The current task reads.
+    fn set_reader_task(&self) {
+        let current = tokio::task::try_id();
+        let mut reader = self.reader_task.lock().unwrap_or_else(|e| e.into_inner());
+        if *reader != current {
+            *reader = current;
+        }
+    }
+
     /// Wakes whoever is to poll now.
     fn hand_off(&self) {
         if self.reading.load(SeqCst) {
@@ -77,9 +100,15 @@ impl Wake for Route {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, SeqCst);
-        // Whoever polls now looks again when done.
-        if self.polling.load(SeqCst) == NOBODY {
-            self.hand_off();
+        // Whoever polls now looks again when done; the reader's task reads
+        // again before it waits.
+        if self.polling.load(SeqCst) != NOBODY {
+            return;
+        }
+        if self.reading.load(SeqCst) {
+            self.reader.wake();
+        } else if !self.on_reader_task() {
+            self.task.wake();
         }
     }
 }
@@ -93,6 +122,7 @@ impl Pump {
             polling: AtomicU8::new(NOBODY),
             done: AtomicBool::new(false),
             reader: AtomicWaker::new(),
+            reader_task: Mutex::new(None),
             task: AtomicWaker::new(),
         });
         Arc::new(Pump {
@@ -125,8 +155,18 @@ impl Pump {
         Reader(self)
     }
 
+    /// The reader's turn between two deliveries: polls the drive if it was
+    /// woken (by this task's acks, say), which then wakes nobody.
+    pub(super) fn poke(&self) {
+        self.route.set_reader_task();
+        if self.route.woken.load(SeqCst) {
+            self.run(READER);
+        }
+    }
+
     /// Whether the drive has ended.
-    pub(super) fn is_done(&self) -> bool {
+    #[cfg(test)]
+    fn is_done(&self) -> bool {
         self.route.done.load(SeqCst)
     }
 
@@ -180,6 +220,7 @@ impl Reader<'_> {
     /// this guard is dropped.
     pub(super) fn poll(&self, cx: &Context<'_>) {
         let route = &self.0.route;
+        route.set_reader_task();
         route.reader.register(cx.waker());
         route.reading.store(true, SeqCst);
         self.0.run(READER);

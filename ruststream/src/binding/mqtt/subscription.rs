@@ -254,6 +254,8 @@ impl Subscription for MqttSubscription {
             }
             taken
         };
+        // Acks queued since the last read go out, the buffer refills.
+        self.shared.conn.pump().poke();
         let copy = publish.topic.as_ref() == self.shared.retry_topic.as_bytes();
         let (pkid, qos) = (publish.pkid, publish.qos);
         let env = convert::envelope(publish, copy, &mut self.last_subject);
