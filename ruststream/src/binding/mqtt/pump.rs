@@ -32,7 +32,7 @@ use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU8;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
@@ -172,15 +172,16 @@ impl Pump {
 
     /// Drops the drive if it has not ended (its task was aborted).
     pub(super) fn stop(&self) {
-        let drive = self.lock().take();
-        self.route.done.store(true, SeqCst);
-        self.route.task.wake();
-        self.route.reader.wake();
+        let drive = self.drive.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.end();
         drop(drive);
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Drive>> {
-        self.drive.lock().unwrap_or_else(|e| e.into_inner())
+    /// The drive is gone: the task ends, the reader looks again.
+    fn end(&self) {
+        self.route.done.store(true, SeqCst);
+        self.route.task.wake();
+        self.route.reader.wake();
     }
 
     /// Polls the drive as `who` if it was woken; returns at once if the
@@ -188,8 +189,14 @@ impl Pump {
     fn run(&self, who: u8) {
         let mut drive = match self.drive.try_lock() {
             Ok(drive) => drive,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return,
+            Err(TryLockError::Poisoned(poisoned)) => {
+                // It panicked while polled: never polled again.
+                let drive = poisoned.into_inner().take();
+                self.end();
+                drop(drive);
+                return;
+            }
         };
         self.route.polling.store(who, SeqCst);
         if self.route.woken.swap(false, SeqCst)
@@ -200,9 +207,7 @@ impl Pump {
                 .is_ready()
         {
             *drive = None;
-            self.route.done.store(true, SeqCst);
-            self.route.task.wake();
-            self.route.reader.wake();
+            self.end();
         }
         self.route.polling.store(NOBODY, SeqCst);
         drop(drive);
@@ -349,6 +354,41 @@ mod tests {
             go.notify_one();
         }
         eventually("the task's poll", || polls.load(SeqCst) == 2).await;
+        go.notify_one();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the task ends with the drive")
+            .expect("no panic");
+    }
+
+    #[tokio::test]
+    async fn the_readers_own_wake_ups_wait_for_its_next_read() {
+        let go = Arc::new(Notify::new());
+        let (pump, polls) = counting(Arc::clone(&go), 3);
+        let task = tokio::spawn(Arc::clone(&pump).task());
+        eventually("the first poll", || polls.load(SeqCst) == 1).await;
+        let reader = tokio::spawn({
+            let (pump, polls, go) = (Arc::clone(&pump), Arc::clone(&polls), Arc::clone(&go));
+            async move {
+                pump.poke();
+                // Woken from the reader's task (as by its ack): nobody
+                // else polls, though the connection task had every chance.
+                go.notify_one();
+                for _ in 0..8 {
+                    tokio::task::yield_now().await;
+                }
+                assert_eq!(polls.load(SeqCst), 1, "left for the reader's next read");
+                pump.poke();
+                assert_eq!(polls.load(SeqCst), 2, "the reader's next read polls");
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(5), reader)
+            .await
+            .expect("the reader finishes")
+            .expect("no panic");
+        // Woken from elsewhere: the connection task polls.
+        go.notify_one();
+        eventually("the task's poll", || polls.load(SeqCst) == 3).await;
         go.notify_one();
         tokio::time::timeout(Duration::from_secs(5), task)
             .await
