@@ -52,10 +52,12 @@ pub(super) fn envelope(publish: Publish, copy: bool, last: &mut Option<Text>) ->
         properties,
         ..
     } = publish;
-    let topic = String::from_utf8_lossy(&topic);
     let mut subject = match last {
-        Some(text) if text.as_str() == topic => text.clone(),
-        _ => last.insert(Text::from(topic.as_ref())).clone(),
+        // The same bytes as last time: valid UTF-8 then, no check again.
+        Some(text) if text.as_str().as_bytes() == topic.as_ref() => text.clone(),
+        _ => last
+            .insert(Text::from(String::from_utf8_lossy(&topic).as_ref()))
+            .clone(),
     };
     let mut message = Message::new(payload);
     let mut attempt = 1;
