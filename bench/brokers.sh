@@ -9,7 +9,8 @@
 # committing each record (async), on librdkafka's mock cluster in the bench
 # process (or RUSTSTREAM_KAFKA_BOOTSTRAP). MQTT: QoS 1 consumption with a
 # PUBACK per message (receive maximum 64) from a raw rumqttc publisher,
-# framework vs a raw rumqttc event loop, on Mosquitto
+# framework vs a raw rumqttc event loop (TCP_NODELAY everywhere, as the
+# binding sets it), on Mosquitto
 # (RUSTSTREAM_MQTT_URL, default mqtt://127.0.0.1:1883).
 # BROKERS picks the brokers (default: all), e.g. `BROKERS=kafka
 # bench/brokers.sh` runs only the Kafka pair and needs no server.

@@ -5,7 +5,8 @@
 //! `WINDOW` messages ahead of the consumer (Mosquitto drops QoS 1 messages
 //! queued past `max_queued_messages`, 1000 by default), so the pair compares
 //! consumption: the framework's subscription, permits and handler against a
-//! bare event loop acking each publish.
+//! bare event loop acking each publish. Every client here sets TCP_NODELAY,
+//! as the binding does.
 
 use std::time::Duration;
 
@@ -55,6 +56,12 @@ fn options(id: &str) -> MqttOptions {
     let mut options = MqttOptions::new(format!("{id}-{}", std::process::id()), host, port);
     options.set_keep_alive(Duration::from_secs(30));
     options.set_max_packet_size(Some(1 << 20));
+    // The binding's transport: without TCP_NODELAY, Nagle's algorithm holds
+    // each small packet (a PUBACK, a publish) until the broker's TCP ack of
+    // the previous one, and the pair would compare socket options.
+    let mut network = options.network_options();
+    network.set_tcp_nodelay(true);
+    options.set_network_options(network);
     options
 }
 

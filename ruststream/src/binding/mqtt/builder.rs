@@ -206,6 +206,13 @@ impl MqttBrokerBuilder {
             options.set_session_expiry_interval(Some(0));
         }
         options.set_max_packet_size(Some(self.max_packet_size));
+        // MQTT's packets are small and each waits for an answer (a PUBACK
+        // frees a slot of the receive maximum, a publish waits for its
+        // PUBACK): Nagle's algorithm would hold each one back until the
+        // broker's TCP ack of the previous one.
+        let mut network = options.network_options();
+        network.set_tcp_nodelay(true);
+        options.set_network_options(network);
         options.set_connection_timeout(self.connect_timeout.as_secs().max(1));
         if let Some((user, password)) = self.credentials.as_ref().or(address.credentials.as_ref()) {
             options.set_credentials(user.clone(), password.clone());

@@ -1,6 +1,7 @@
-//! One MQTT client connection: `rumqttc`'s event loop driven by a task of
-//! its own, with publish confirmations matched to their callers,
-//! reconnection with backoff and subscriptions restored.
+//! One MQTT client connection: `rumqttc`'s event loop, driven by a task of
+//! its own and by the subscription's reader while it waits (see `pump`),
+//! with publish confirmations matched to their callers, reconnection with
+//! backoff and subscriptions restored.
 //!
 //! Every request reaches `rumqttc`'s request channel while this
 //! connection's state lock is held, so the order of the channel is the order
@@ -19,7 +20,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use rumqttc::Outgoing;
@@ -32,6 +33,8 @@ use rumqttc::v5::{AsyncClient, ClientError, Event, EventLoop, MqttOptions};
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::Instant;
 
+use super::convert::{ack_of, valid_topic};
+use super::pump::Pump;
 use crate::{Error, Result};
 
 /// Why a publish was not confirmed: the connection broke first. Its caller
@@ -100,6 +103,8 @@ pub(super) struct Connection {
     /// state lock; read without it).
     deferred: AtomicBool,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The event loop (set once, right after the connection is made).
+    pump: OnceLock<Arc<Pump>>,
     /// [`Inbound::close`] of where received publishes go.
     close_inbound: Box<dyn Fn() + Send + Sync>,
     label: String,
@@ -148,6 +153,7 @@ impl Connection {
             closed: AtomicBool::new(false),
             deferred: AtomicBool::new(false),
             task: Mutex::new(None),
+            pump: OnceLock::new(),
             close_inbound: {
                 let inbound = Arc::clone(&inbound);
                 Box::new(move || inbound.close())
@@ -159,13 +165,15 @@ impl Connection {
         } else {
             Some(conn.subscribe(filters.clone(), !session_present)?)
         };
-        let task = tokio::spawn(drive(
+        let pump = Pump::new(drive(
             Arc::clone(&conn),
             eventloop,
             inbound,
             filters,
             backoff,
         ));
+        let task = tokio::spawn(Arc::clone(&pump).task());
+        let _ = conn.pump.set(pump);
         *conn.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         if let Some(subscribed) = subscribed {
             let timeout = Duration::from_secs(10);
@@ -193,6 +201,11 @@ impl Connection {
 
     pub(super) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// The event loop, for a reader to poll while it waits.
+    pub(super) fn pump(&self) -> &Pump {
+        self.pump.get().expect("set by `open`")
     }
 
     /// Sends SUBSCRIBE for `filters` (in the request channel at once; the
@@ -385,6 +398,10 @@ impl Connection {
         {
             task.abort();
         }
+        if let Some(pump) = self.pump.get() {
+            // Aborted or not, the drive (which holds this connection) goes.
+            pump.stop();
+        }
         self.fail_all(|| Ok(Err(Error::Closed("MQTT connection is closed"))));
     }
 
@@ -574,22 +591,10 @@ async fn drive<I: Inbound>(
     }
 }
 
-/// What `rumqttc` builds an ack from: the packet id and the QoS.
-fn ack_of(pkid: u16, qos: QoS) -> Publish {
-    let mut publish = Publish::new("", qos, bytes::Bytes::new(), None);
-    publish.pkid = pkid;
-    publish
-}
-
 fn refused(reason: String) -> Error {
     Error::Transport(format!("the MQTT broker refused the publish: {reason}").into())
 }
 
 fn client_error(what: &str, err: ClientError) -> Error {
     Error::Transport(format!("MQTT {what}: {err}").into())
-}
-
-/// A topic one can publish to: not empty, no wildcards.
-pub(super) fn valid_topic(topic: &str) -> bool {
-    !topic.is_empty() && !topic.contains(['+', '#'])
 }

@@ -3,6 +3,7 @@
 //! is the correlation data, the key is the `ruststream-key` user property.
 
 use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 
 use crate::message::header;
@@ -51,10 +52,12 @@ pub(super) fn envelope(publish: Publish, copy: bool, last: &mut Option<Text>) ->
         properties,
         ..
     } = publish;
-    let topic = String::from_utf8_lossy(&topic);
     let mut subject = match last {
-        Some(text) if text.as_str() == topic => text.clone(),
-        _ => last.insert(Text::from(topic.as_ref())).clone(),
+        // The same bytes as last time: valid UTF-8 then, no check again.
+        Some(text) if text.as_str().as_bytes() == topic.as_ref() => text.clone(),
+        _ => last
+            .insert(Text::from(String::from_utf8_lossy(&topic).as_ref()))
+            .clone(),
     };
     let mut message = Message::new(payload);
     let mut attempt = 1;
@@ -88,4 +91,16 @@ pub(super) fn without_reply(message: &Message) -> Message {
         out = out.with_correlation_id(id.clone());
     }
     out
+}
+
+/// What `rumqttc` builds an ack from: the packet id and the QoS.
+pub(super) fn ack_of(pkid: u16, qos: QoS) -> Publish {
+    let mut publish = Publish::new("", qos, bytes::Bytes::new(), None);
+    publish.pkid = pkid;
+    publish
+}
+
+/// A topic one can publish to: not empty, no wildcards.
+pub(super) fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty() && !topic.contains(['+', '#'])
 }

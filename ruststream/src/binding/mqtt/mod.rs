@@ -35,6 +35,9 @@
 //!   with a subscription, and the subscription buffers at most that many; a
 //!   PAUSED receive flow hands nothing out, so the broker stops there. QoS 0
 //!   has no flow control in MQTT: a full buffer stops reading the socket.
+//!   While the runtime waits for a message, its loop polls the
+//!   subscription's event loop itself (no hand-off between tasks); every
+//!   connection sets `TCP_NODELAY`.
 //! * Headers are MQTT 5 user properties; the key travels as the
 //!   `ruststream-key` user property, the reply address as the response
 //!   topic and the correlation id as the correlation data. Request/reply
@@ -71,6 +74,7 @@ mod builder;
 mod connection;
 mod convert;
 mod delivery;
+mod pump;
 mod reply;
 mod subscription;
 

@@ -4,7 +4,10 @@
 //! `nack` sends copies back.
 //!
 //! Received publishes wait in a buffer of at most the receive maximum until
-//! the runtime claims them. The broker should never have more than the
+//! the runtime claims them. While the runtime waits for one, its task polls
+//! the connection's event loop itself (see `pump`), as a raw client's loop
+//! does: the publish it reads is at hand, and the acks queued since go out,
+//! without a hand-off between tasks. The broker should never have more than the
 //! receive maximum of QoS 1/2 messages unacknowledged with us; when the
 //! buffer is full all the same (QoS 0, which MQTT does not flow-control, or
 //! a broker sending past the maximum, as Mosquitto 2.0 does under load) the
@@ -14,9 +17,12 @@
 //! and memory stays bounded.
 
 use std::collections::VecDeque;
+use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 
+use futures_util::task::AtomicWaker;
 use rumqttc::v5::mqttbytes::v5::{Filter, Publish};
 use tokio::sync::Notify;
 
@@ -54,8 +60,10 @@ pub(super) struct Shared {
 pub(super) struct Buffer {
     queue: Mutex<VecDeque<(Publish, u64)>>,
     capacity: usize,
-    /// Notified when a publish arrives, and at close.
-    data: Notify,
+    /// The reader, woken when a publish arrives while it `waiting`, and at
+    /// close.
+    reader: AtomicWaker,
+    waiting: AtomicBool,
     /// Notified when a publish is taken out.
     room: Notify,
     closed: AtomicBool,
@@ -68,7 +76,7 @@ impl Buffer {
 
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        self.data.notify_waiters();
+        self.reader.wake();
         self.room.notify_waiters();
     }
 }
@@ -88,9 +96,10 @@ impl Inbound for Buffer {
                     let was_empty = queue.is_empty();
                     queue.push_back(publish.take().expect("pushed once"));
                     drop(queue);
-                    // The reader waits only on an empty buffer.
-                    if was_empty {
-                        self.data.notify_waiters();
+                    // The reader waits only on an empty buffer (and is not
+                    // waiting while it polls the event loop itself).
+                    if was_empty && self.waiting.load(Ordering::SeqCst) {
+                        self.reader.wake();
                     }
                     return;
                 }
@@ -156,7 +165,8 @@ impl MqttSubscription {
         let buffer = Arc::new(Buffer {
             queue: Mutex::new(VecDeque::with_capacity(usize::from(receive_maximum))),
             capacity: usize::from(receive_maximum),
-            data: Notify::new(),
+            reader: AtomicWaker::new(),
+            waiting: AtomicBool::new(false),
             room: Notify::new(),
             closed: AtomicBool::new(false),
         });
@@ -191,26 +201,45 @@ impl MqttSubscription {
     fn closed(&self) -> bool {
         self.shared.conn.is_closed() || self.shared.broker.ensure_open().is_err()
     }
+
+    /// `Some(true)` with a publish at hand, `Some(false)` once closed.
+    fn at_hand(&self) -> Option<bool> {
+        if !self.buffer.lock().is_empty() {
+            Some(true)
+        } else if self.closed() || self.buffer.closed.load(Ordering::Acquire) {
+            Some(false)
+        } else {
+            None
+        }
+    }
 }
 
 impl Subscription for MqttSubscription {
     type Delivery = MqttDelivery;
 
-    /// Waits until a received publish is at hand and the receive flow runs.
+    /// Waits until the receive flow runs and a received publish is at hand,
+    /// polling the connection's event loop meanwhile.
     async fn ready(&mut self) -> bool {
-        loop {
-            if let Some(flow) = &self.flow {
-                flow.running().await;
-            }
-            let data = self.buffer.data.notified();
-            if !self.buffer.lock().is_empty() {
-                return true;
-            }
-            if self.closed() || self.buffer.closed.load(Ordering::Acquire) {
-                return false;
-            }
-            data.await;
+        if let Some(flow) = &self.flow {
+            flow.running().await;
         }
+        let reader = self.shared.conn.pump().reader();
+        let buffer = &self.buffer;
+        let ready = poll_fn(|cx| {
+            buffer.reader.register(cx.waker());
+            buffer.waiting.store(true, Ordering::SeqCst);
+            if let Some(ready) = self.at_hand() {
+                return Poll::Ready(ready);
+            }
+            // What this poll delivers, it sees below: no wake-up.
+            buffer.waiting.store(false, Ordering::SeqCst);
+            reader.poll(cx);
+            buffer.waiting.store(true, Ordering::SeqCst);
+            self.at_hand().map_or(Poll::Pending, Poll::Ready)
+        })
+        .await;
+        buffer.waiting.store(false, Ordering::SeqCst);
+        ready
     }
 
     fn try_next(&mut self) -> Option<MqttDelivery> {
@@ -225,6 +254,8 @@ impl Subscription for MqttSubscription {
             }
             taken
         };
+        // Acks queued since the last read go out, the buffer refills.
+        self.shared.conn.pump().poke();
         let copy = publish.topic.as_ref() == self.shared.retry_topic.as_bytes();
         let (pkid, qos) = (publish.pkid, publish.qos);
         let env = convert::envelope(publish, copy, &mut self.last_subject);
