@@ -404,11 +404,11 @@ async fn quote(quantity: u64, ctx: Ctx) -> Result<u64, HandlerError> {
     Ok(42 * quantity)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sends_are_spans_inside_the_delivery_that_sent_them() {
+/// `quote` on a fresh subject: the broker, the subject, the running app.
+async fn start_quote(prefix: &str) -> (MemoryBroker, String, RunningApp) {
     recorder();
     let broker = MemoryBroker::new();
-    let subject = unique("spans.quote");
+    let subject = unique(prefix);
     let s = subject.clone();
     let running = App::new()
         .broker(broker.clone())
@@ -416,6 +416,12 @@ async fn sends_are_spans_inside_the_delivery_that_sent_them() {
         .start()
         .await
         .unwrap();
+    (broker, subject, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_are_spans_inside_the_delivery_that_sent_them() {
+    let (broker, subject, running) = start_quote("spans.quote").await;
     let client = Publisher::new(broker);
     let price: u64 = client
         .request(&subject, &1, Duration::from_secs(5))
@@ -452,16 +458,7 @@ async fn sends_are_spans_inside_the_delivery_that_sent_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_the_handler_turns_down_is_one_warning_and_no_error() {
-    recorder();
-    let broker = MemoryBroker::new();
-    let subject = unique("spans.refuse");
-    let s = subject.clone();
-    let running = App::new()
-        .broker(broker.clone())
-        .subscriber(quote.configure(move |c| c.on_subject(s)))
-        .start()
-        .await
-        .unwrap();
+    let (broker, subject, running) = start_quote("spans.refuse").await;
     let err = Publisher::new(broker)
         .request::<_, u64>(&subject, &0, Duration::from_secs(5))
         .await
