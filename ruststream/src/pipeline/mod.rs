@@ -515,6 +515,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     }
 
     /// A delivery acked, counted (and told to its span).
+    #[inline]
     fn acked(&self) {
         self.metrics.acked();
         self.record("acked");
@@ -526,10 +527,12 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         self.record(how.as_str());
     }
 
-    /// Tells the current delivery's span how it ended.
+    /// Tells the current delivery's span how it ended (one branch when
+    /// untraced: the ack path takes it on every request).
+    #[inline]
     fn record(&self, outcome: &'static str) {
         if self.traced {
-            spans::outcome(&tracing::Span::current(), outcome);
+            record_outcome(outcome);
         }
     }
 
@@ -545,6 +548,12 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         metrics::settle_error(self.metrics.app(), &self.config.subject);
         tracing::warn!(subject = %self.config.subject, error = %err, "settlement failed");
     }
+}
+
+#[cold]
+#[inline(never)]
+fn record_outcome(outcome: &'static str) {
+    spans::outcome(&tracing::Span::current(), outcome);
 }
 
 #[cold]
