@@ -96,7 +96,7 @@ fn short_type_name(full: &'static str) -> &'static str {
         // Generic: shortened where it is cheap, else kept whole.
         return full;
     }
-    full.rsplit("::").next().unwrap_or(full)
+    crate::text::last_segment(full)
 }
 
 /// Picks a type's schema without requiring one (autoref specialization,

@@ -258,3 +258,15 @@ mod tests {
         );
     }
 }
+
+/// The last segment of a Rust path: `orders::confirm` → `confirm`.
+pub(crate) fn last_segment(path: &str) -> &str {
+    path.rsplit("::").next().unwrap_or(path)
+}
+
+/// Whether `path` (a handler's full name) is what `wanted` names: the whole
+/// path or its last segment.
+#[cfg_attr(not(any(feature = "config", feature = "testing")), allow(dead_code))]
+pub(crate) fn names(path: &str, wanted: &str) -> bool {
+    path == wanted || last_segment(path) == wanted
+}

@@ -2,6 +2,7 @@
 
 use super::App;
 use crate::settings::Settings;
+use crate::text::{last_segment, names};
 use crate::{Error, Result};
 
 impl<B> App<B> {
@@ -67,17 +68,17 @@ impl<B> App<B> {
             if let Some(conflict) = overrides.conflict() {
                 return Err(bad(conflict.to_owned()));
             }
-            let names: Vec<&'static str> = self.units.iter().map(|u| u.requires().0).collect();
-            let mut distinct: Vec<&'static str> = names
+            let handlers: Vec<&'static str> = self.units.iter().map(|u| u.requires().0).collect();
+            let mut distinct: Vec<&'static str> = handlers
                 .iter()
                 .copied()
-                .filter(|n| *n == name || short(n) == name)
+                .filter(|n| names(n, name))
                 .collect();
             distinct.sort_unstable();
             distinct.dedup();
             match distinct.len() {
                 0 => {
-                    let known: Vec<&str> = names.iter().map(|n| short(n)).collect();
+                    let known: Vec<&str> = handlers.iter().map(|n| last_segment(n)).collect();
                     return Err(bad(format!(
                         "no subscriber is named `{name}` (the app has: {})",
                         known.join(", ")
@@ -94,7 +95,7 @@ impl<B> App<B> {
             }
             for unit in &mut self.units {
                 let unit_name = unit.requires().0;
-                if unit_name == name || short(unit_name) == name {
+                if names(unit_name, name) {
                     let config = unit.config_mut();
                     *config = overrides.apply(config.clone());
                 }
@@ -102,9 +103,4 @@ impl<B> App<B> {
         }
         Ok(())
     }
-}
-
-/// A handler's name without its module path.
-pub(crate) fn short(name: &str) -> &str {
-    name.rsplit("::").next().unwrap_or(name)
 }

@@ -123,7 +123,7 @@ impl Doc {
         let channel = self.channel(&r.subject, Some(&r.server));
         let content_type = r.types.content_type;
         let message = self.message(&channel, r.types.body, content_type, Headers::Plain);
-        let op = unique(&self.operations, short(r.handler));
+        let op = unique(&self.operations, crate::text::last_segment(r.handler));
         let mut description = format!("Handled by `{}`.", r.handler);
         if let Some(group) = &r.queue_group {
             description.push_str(&format!(
@@ -376,8 +376,4 @@ fn unique(taken: &Map<String, Value>, base: &str) -> String {
         .map(|n| format!("{base}_{n}"))
         .find(|id| !taken.contains_key(id))
         .expect("some suffix is free")
-}
-
-fn short(name: &str) -> &str {
-    name.rsplit("::").next().unwrap_or(name)
 }

@@ -276,7 +276,7 @@ impl TestApp {
     pub fn calls(&self, handler: &str) -> Vec<Call> {
         lock(&self.calls)
             .iter()
-            .filter(|call| names(call.handler, handler))
+            .filter(|call| crate::text::names(call.handler, handler))
             .cloned()
             .collect()
     }
@@ -340,12 +340,6 @@ async fn watch_dead_letters<S: Subscription>(
         lock(&dead).push(letter);
         let _ = delivery.ack().await;
     }
-}
-
-/// Whether `name` (a path) is what `wanted` names: the whole path or its
-/// last segment.
-fn names(name: &str, wanted: &str) -> bool {
-    name == wanted || name.rsplit("::").next() == Some(wanted)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
