@@ -237,6 +237,18 @@ impl fmt::Display for Text {
     }
 }
 
+/// The last segment of a Rust path: `orders::confirm` → `confirm`.
+pub(crate) fn last_segment(path: &str) -> &str {
+    path.rsplit("::").next().unwrap_or(path)
+}
+
+/// Whether `path` (a handler's full name) is what `wanted` names: the whole
+/// path or its last segment.
+#[cfg_attr(not(any(feature = "config", feature = "testing")), allow(dead_code))]
+pub(crate) fn names(path: &str, wanted: &str) -> bool {
+    path == wanted || last_segment(path) == wanted
+}
+
 #[cfg(test)]
 mod tests {
     use super::{ARENA_CHUNK, Part, TextArena};
@@ -257,16 +269,4 @@ mod tests {
             "too long to format inline"
         );
     }
-}
-
-/// The last segment of a Rust path: `orders::confirm` → `confirm`.
-pub(crate) fn last_segment(path: &str) -> &str {
-    path.rsplit("::").next().unwrap_or(path)
-}
-
-/// Whether `path` (a handler's full name) is what `wanted` names: the whole
-/// path or its last segment.
-#[cfg_attr(not(any(feature = "config", feature = "testing")), allow(dead_code))]
-pub(crate) fn names(path: &str, wanted: &str) -> bool {
-    path == wanted || last_segment(path) == wanted
 }
