@@ -4,6 +4,7 @@
 
 mod app;
 mod args;
+mod batch;
 mod mode;
 mod subscriber;
 

@@ -16,6 +16,7 @@ use syn::spanned::Spanned;
 use syn::{FnArg, Pat, ReturnType, Type};
 
 use crate::args::{Kind, check_value, unknown};
+use crate::batch::{self, BatchArgs};
 use crate::mode::{self, Pool};
 
 const VALID: &[&str] = &[
@@ -30,6 +31,7 @@ const VALID: &[&str] = &[
     "fail_fast",
     "receive_flow",
     "max_message_size",
+    "batch",
     "crate",
 ];
 
@@ -77,6 +79,7 @@ struct Options {
     fail_fast: bool,
     receive_flow: Option<syn::Expr>,
     max_message_size: Option<syn::Expr>,
+    batch: Option<BatchArgs>,
     /// `crate = "path"`: where the runtime crate is, when renamed.
     krate: Option<syn::Path>,
 }
@@ -188,6 +191,17 @@ fn parse_options(metas: &[NestedMeta], options: &mut Options, errors: &mut Error
             .with_span(&threads.span),
         );
     }
+    if let Some(batch) = &options.batch
+        && (options.workers.is_some() || options.threads.is_some())
+    {
+        errors.darling(
+            darling::Error::custom(
+                "`batch(..)` hands one batch at a time to the handler, in the subscriber's own loop: \
+                 it does not combine with `workers(..)` or `threads(..)`",
+            )
+            .with_span(&batch.span),
+        );
+    }
     let by_key_workers = options.workers.as_ref().is_some_and(|w| w.by_key.is_some());
     for (name, limit) in [
         ("max_pending", &options.max_pending),
@@ -261,6 +275,15 @@ fn parse_option(key: &str, meta: &syn::Meta, options: &mut Options) -> darling::
                     darling::Error::custom("`fail_fast` is a flag: write `fail_fast`")
                         .with_span(other),
                 );
+            }
+        },
+        "batch" => match meta {
+            syn::Meta::List(_) => options.batch = Some(BatchArgs::from_meta(meta)?),
+            other => {
+                return Err(darling::Error::custom(
+                    "give the batch size: `batch(max = 100)` or `batch(max = 100, wait = \"5ms\")`",
+                )
+                .with_span(other));
             }
         },
         "workers" | "threads" => {
@@ -380,6 +403,13 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let args = parse_args(args, &mut errors);
     let signature = analyze(&function, &mut errors);
+    if args.options.batch.is_some()
+        && let Some(body) = signature.body
+    {
+        for err in batch::check_signature(&body.ty, &function.sig.output) {
+            errors.syn(err);
+        }
+    }
     let expanded = if !signature.wrappable {
         // Keep the function so the rest of the file still type-checks.
         function.to_token_stream()
@@ -571,6 +601,9 @@ fn config(args: &Args) -> TokenStream {
     if options.fail_fast {
         config.extend(quote!(.fail_fast(true)));
     }
+    if let Some(BatchArgs { max, wait, .. }) = &options.batch {
+        config.extend(quote_spanned!(max.span()=> .batch(#max, #wait)));
+    }
     config
 }
 
@@ -582,7 +615,12 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
     };
     let extractors = &signature.extractors;
     let options = &args.options;
-    let body_ty = &body.ty;
+    // A batch handler's `Vec<T>` is made of bodies of type `T`.
+    let batched = options.batch.is_some();
+    let body_ty = match options.batch {
+        Some(_) => batch::element(&body.ty).expect("checked by `check_signature`"),
+        None => &*body.ty,
+    };
     let codec = match &options.codec {
         Some(path) => quote!(#path),
         None => quote!(::ruststream::Json),
@@ -597,14 +635,22 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
     let ext_vars: Vec<_> = (0..extractors.len())
         .map(|i| format_ident!("__extracted{}", i))
         .collect();
-    let ext_calls = extractors.iter().map(|arg| {
-        let ty = &arg.ty;
-        quote_spanned! {ty.span()=>
-            <#ty as ::ruststream::extract::FromDelivery>::from_delivery(__scope)?
-        }
-    });
-    let call_args: Vec<_> = std::iter::once(quote!(__body))
-        .chain(ext_vars.iter().map(|v| quote!(#v)))
+    // A batch handler's extractors read the app, not one delivery:
+    // `FromBatch` says which can.
+    let ext_calls: Vec<_> = extractors
+        .iter()
+        .map(|arg| {
+            let ty = &arg.ty;
+            if batched {
+                quote_spanned! {ty.span()=>
+                    <#ty as ::ruststream::extract::FromBatch>::from_batch(__scope)?
+                }
+            } else {
+                quote_spanned! {ty.span()=>
+                    <#ty as ::ruststream::extract::FromDelivery>::from_delivery(__scope)?
+                }
+            }
+        })
         .collect();
     // Checked at `App::start`: state an extractor needs must be registered.
     let n_extractors = extractors.len();
@@ -625,26 +671,6 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
         options.workers.as_ref().or(options.threads.as_ref()),
         body_ty,
     );
-    // `threads(n)` handlers may be `!Send`: no `SendSubscriber` impl for
-    // them; every other mode requires a `Send` future.
-    let send_impl = if options.threads.is_some() {
-        TokenStream::new()
-    } else {
-        quote_spanned! {function.sig.ident.span()=>
-            impl ::ruststream::subscriber::SendSubscriber for #name {
-                fn handle_send(
-                    &self,
-                    __body: #body_ty,
-                    __scope: &::ruststream::subscriber::Scope<'_>,
-                ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome>
-                       + ::core::marker::Send {
-                    ::ruststream::__private::requires_send_handler_or_threads_n(
-                        <Self as ::ruststream::subscriber::Subscriber>::handle(self, __body, __scope),
-                    )
-                }
-            }
-        }
-    };
     // The codec spanned on the body too: a body the codec cannot decode is
     // reported on the body argument.
     let body_codec = respanned(codec.clone(), body_ty.span());
@@ -656,7 +682,11 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
     // the fix when its error type is not a handler error.
     let returns_result = matches!(&function.sig.output,
         ReturnType::Type(_, ty) if matches!(&**ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Result")));
-    let reply_ty = reply_type(&function.sig.output, returns_result);
+    let reply_ty = if batched {
+        quote!(())
+    } else {
+        reply_type(&function.sig.output, returns_result)
+    };
     let content_types = quote_spanned! {body_ty.span()=>
         #[inline]
         fn content_type(&self) -> ::core::option::Option<&'static str> {
@@ -692,27 +722,75 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
             ::ruststream::__private::outcome!(#codec, __future.await)
         }
     };
-    // Without extractors the handler's future is made at once, as a plain
-    // call would: nothing is taken, nothing can fail before it.
-    let invoke = if extractors.is_empty() {
-        quote! {
-            let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));
-            async move { #outcome }
-        }
-    } else {
-        quote! {
-            let __extracted = (|| {
-                ::core::result::Result::<_, ::ruststream::HandlerError>::Ok((#(#ext_calls,)*))
-            })();
-            async move {
-                let (#(#ext_vars,)*) = match __extracted {
-                    ::core::result::Result::Ok(__values) => __values,
-                    ::core::result::Result::Err(__err) => {
-                        return ::ruststream::__private::extractor_failed(__err);
-                    }
-                };
+    // The call with `body` as the first argument. Without extractors the
+    // handler's future is made at once, as a plain call would: nothing is
+    // taken, nothing can fail before it.
+    let invoke = |body: TokenStream| {
+        let call_args = std::iter::once(body).chain(ext_vars.iter().map(|v| quote!(#v)));
+        if extractors.is_empty() {
+            quote! {
                 let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));
-                #outcome
+                async move { #outcome }
+            }
+        } else {
+            quote! {
+                let __extracted = (|| {
+                    ::core::result::Result::<_, ::ruststream::HandlerError>::Ok((#(#ext_calls,)*))
+                })();
+                async move {
+                    let (#(#ext_vars,)*) = match __extracted {
+                        ::core::result::Result::Ok(__values) => __values,
+                        ::core::result::Result::Err(__err) => {
+                            return ::ruststream::__private::extractor_failed(__err);
+                        }
+                    };
+                    let __future = ::core::future::IntoFuture::into_future(#name(#(#call_args),*));
+                    #outcome
+                }
+            }
+        }
+    };
+
+    let handle_invoke = if batched {
+        invoke(quote!(::std::vec![__body]))
+    } else {
+        invoke(quote!(__body))
+    };
+    // `threads(n)` handlers may be `!Send`: no `SendSubscriber` impl for
+    // them; every other mode requires a `Send` future.
+    let send_impl = if options.threads.is_some() {
+        TokenStream::new()
+    } else {
+        // A batch handler is called with the whole batch; `handle` (one
+        // body) hands it a batch of one.
+        let handle_batch = batched.then(|| {
+            let invoke = invoke(quote!(__bodies));
+            quote! {
+                #[allow(unused_variables)]
+                fn handle_batch(
+                    &self,
+                    __bodies: ::std::vec::Vec<#body_ty>,
+                    __scope: &::ruststream::subscriber::Scope<'_>,
+                ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome>
+                       + ::core::marker::Send {
+                    ::ruststream::__private::requires_send_handler_or_threads_n({ #invoke })
+                }
+            }
+        });
+        quote_spanned! {function.sig.ident.span()=>
+            impl ::ruststream::subscriber::SendSubscriber for #name {
+                fn handle_send(
+                    &self,
+                    __body: #body_ty,
+                    __scope: &::ruststream::subscriber::Scope<'_>,
+                ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome>
+                       + ::core::marker::Send {
+                    ::ruststream::__private::requires_send_handler_or_threads_n(
+                        <Self as ::ruststream::subscriber::Subscriber>::handle(self, __body, __scope),
+                    )
+                }
+
+                #handle_batch
             }
         }
     };
@@ -763,7 +841,7 @@ fn generate(function: &syn::ItemFn, args: &Args, signature: &Signature<'_>) -> T
                     __body: #body_ty,
                     __scope: &::ruststream::subscriber::Scope<'_>,
                 ) -> impl ::core::future::Future<Output = ::ruststream::__private::Outcome> {
-                    #invoke
+                    #handle_invoke
                 }
             }
 

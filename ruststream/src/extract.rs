@@ -66,6 +66,26 @@ pub trait FromDelivery: Sized {
     }
 }
 
+/// An extractor a batch handler (`#[subscriber(.., batch(..))]`) may
+/// take: one that reads the app, not a single delivery. [`State<T>`]
+/// is one; implement it for an extractor of yours that reads only
+/// [`Scope::app`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be taken by a batch handler",
+    label = "a batch handler's arguments after the records must read the app, not one delivery",
+    note = "a batch handler takes its records (`Vec<T>`) and `State<T>` arguments, or a type of yours that implements `ruststream::extract::FromBatch`"
+)]
+pub trait FromBatch: FromDelivery {
+    /// Takes the value for a batch. The default is
+    /// [`from_delivery`](FromDelivery::from_delivery) on a scope whose
+    /// envelope is the batch's first record.
+    fn from_batch(scope: &Scope<'_>) -> Result<Self, HandlerError> {
+        Self::from_delivery(scope)
+    }
+}
+
+impl<T: Send + Sync + 'static> FromBatch for State<T> {}
+
 impl<E: FromDelivery> FromDelivery for Option<E> {
     #[inline]
     fn from_delivery(scope: &Scope<'_>) -> Result<Self, HandlerError> {

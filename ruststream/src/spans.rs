@@ -47,6 +47,30 @@ pub(crate) fn process(system: &'static str, subscriber: &'static str, env: &Enve
     span
 }
 
+/// The span of one batch of a batch handler (`batch(..)`), from the
+/// handler to the settlement of its last record.
+pub(crate) fn process_batch(
+    system: &'static str,
+    subscriber: &'static str,
+    subject: &str,
+    count: usize,
+) -> Span {
+    tracing::info_span!(
+        target: TARGET,
+        "process",
+        otel.name = %format_args!("process {subject}"),
+        otel.kind = "consumer",
+        otel.status_code = Empty,
+        messaging.system = system,
+        messaging.operation = "process",
+        messaging.operation.type = "process",
+        messaging.destination.name = subject,
+        messaging.batch.message_count = count,
+        ruststream.subscriber = subscriber,
+        ruststream.outcome = Empty,
+    )
+}
+
 /// What a sent message is, for its span and its latency metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {

@@ -49,6 +49,22 @@ pub struct SubscriberConfig {
     pub(crate) receive_flow: Option<bool>,
     pub(crate) max_message_size: usize,
     pub(crate) middleware: Vec<SharedMiddleware>,
+    pub(crate) batch: Option<Batch>,
+}
+
+/// How a batch handler's batches are made: `batch(max = 100, wait = "5ms")`.
+///
+/// A batch holds at most `max` records, one job permit each (JQ-7). It is
+/// handed to the handler when it is full, when `wait` has passed since its
+/// first record, when no job permit is free for another record (a batch
+/// never waits for a permit while it holds some), or when the app stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// Most records in one batch (at least 1).
+    pub max: usize,
+    /// How long a batch waits for more records after its first; zero takes
+    /// only what is already at hand.
+    pub wait: std::time::Duration,
 }
 
 /// How a subscriber's deliveries are scheduled.
@@ -102,7 +118,32 @@ impl SubscriberConfig {
             receive_flow: None,
             max_message_size: Self::DEFAULT_MAX_MESSAGE_SIZE,
             middleware: Vec::new(),
+            batch: None,
         }
+    }
+
+    /// Hands the handler batches of up to `max` records, waiting up to
+    /// `wait` after the first record for more (see [`Batch`]). The
+    /// subscriber must implement
+    /// [`SendSubscriber::handle_batch`]; `#[subscriber(.., batch(..))]`
+    /// does, for a function whose body argument is a `Vec`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ruststream::subscriber::SubscriberConfig;
+    ///
+    /// let config = SubscriberConfig::new("clicks").batch(100, Duration::from_millis(5));
+    /// assert_eq!(config.batching().map(|b| b.max), Some(100));
+    /// ```
+    pub fn batch(mut self, max: usize, wait: std::time::Duration) -> Self {
+        self.batch = Some(Batch { max, wait });
+        self
+    }
+
+    /// The batch settings of a batch handler; `None` for one that takes
+    /// one message at a time.
+    pub fn batching(&self) -> Option<Batch> {
+        self.batch
     }
 
     /// Competes with the other members of `group` for messages.
@@ -273,6 +314,11 @@ impl SubscriberConfig {
             {
                 bad("max_pending_per_key applies to workers(n, by_key) only")
             }
+            _ if self.batch.is_some_and(|b| b.max == 0) => bad("batch(max) needs max >= 1"),
+            Mode::Workers { .. } | Mode::Threads { .. } if self.batch.is_some() => bad(
+                "batch(..) runs one batch at a time in the subscriber's own loop: \
+                 it does not combine with workers(n) or threads(n)",
+            ),
             _ => Ok(()),
         }
     }
@@ -546,4 +592,30 @@ pub trait SendSubscriber: Subscriber {
         body: Self::Body,
         scope: &Scope<'_>,
     ) -> impl Future<Output = Outcome> + Send;
+
+    /// Runs the handler on a batch of decoded bodies, in arrival order
+    /// (a subscriber configured with [`SubscriberConfig::batch`]). The
+    /// outcome settles every record of the batch: success acks each,
+    /// a failure retries each (up to its own `max_attempts`) or rejects
+    /// each. Records that did not decode never reach it: they are
+    /// dead-lettered one by one, and the rest of the batch goes on.
+    /// `scope` reads the app (shared state); its envelope is the first
+    /// record's.
+    ///
+    /// The default fails every batch, saying the subscriber has no batch
+    /// handler: `#[subscriber(.., batch(..))]` implements it.
+    fn handle_batch(
+        &self,
+        bodies: Vec<Self::Body>,
+        scope: &Scope<'_>,
+    ) -> impl Future<Output = Outcome> + Send {
+        let _ = (bodies, scope);
+        let name = self.name();
+        async move {
+            Outcome::Failed(crate::HandlerError::reject(format!(
+                "`{name}` is configured with batch(..) but implements no \
+                 `SendSubscriber::handle_batch`"
+            )))
+        }
+    }
 }

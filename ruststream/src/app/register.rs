@@ -177,11 +177,24 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
             let mode = self.config.mode;
+            let batch = self.config.batch.is_some();
+            if batch {
+                refuse_middleware(
+                    &self.config,
+                    &cx,
+                    "batch(..)",
+                    "they take whole batches, not one delivery",
+                )?;
+            }
             let subscriber = Arc::new(self.subscriber);
-            let middleware: Vec<SharedMiddleware> = (cx.middleware.iter())
-                .chain(&self.config.middleware)
-                .cloned()
-                .collect();
+            let middleware: Vec<SharedMiddleware> = if batch {
+                Vec::new()
+            } else {
+                (cx.middleware.iter())
+                    .chain(&self.config.middleware)
+                    .cloned()
+                    .collect()
+            };
             // Timed and traced handlers take the stack path, which reads
             // the clock and runs in the delivery's span.
             let traced = crate::spans::enabled();
@@ -197,6 +210,7 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
                 registration: reg,
             } = open(self.broker, subscriber, service, traced, self.config, cx).await?;
             Ok(match mode {
+                Mode::Sequential if batch => spawn_loop(reg, exec::batch::run(unit, sub, stop)),
                 Mode::Sequential => spawn_loop(reg, exec::sequential::run(unit, sub, stop)),
                 Mode::Workers { n, by_key: false } => {
                     spawn_loop(reg, exec::workers::run(Arc::new(unit), sub, stop, n))
@@ -211,6 +225,31 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
             })
         })
     }
+}
+
+/// Middleware wraps one `Send` handler call per delivery: a subscriber
+/// on `mode` takes none (`why`). Its own is a startup error; the app's
+/// skips it, with a warning.
+fn refuse_middleware(
+    config: &SubscriberConfig,
+    cx: &StartContext,
+    mode: &str,
+    why: &str,
+) -> Result<()> {
+    if !config.middleware.is_empty() {
+        return Err(crate::Error::Config(format!(
+            "subscriber `{}` runs on `{mode}`, whose handlers take no middleware \
+             ({why}); remove `.middleware(..)`",
+            config.subject
+        )));
+    }
+    if !cx.middleware.is_empty() {
+        tracing::warn!(
+            subject = %config.subject,
+            "the app's middleware does not wrap `{mode}` subscribers ({why})"
+        );
+    }
+    Ok(())
 }
 
 /// A subscriber whose handler future may be `!Send`: dedicated threads only.
@@ -260,19 +299,12 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
                     self.config.subject
                 )));
             };
-            if !self.config.middleware.is_empty() {
-                return Err(crate::Error::Config(format!(
-                    "subscriber `{}` runs on `threads(n)`, whose handlers take no middleware \
-                     (their futures may be `!Send`): use `workers(n)` or remove `.middleware(..)`",
-                    self.config.subject
-                )));
-            }
-            if !cx.middleware.is_empty() {
-                tracing::warn!(
-                    subject = %self.config.subject,
-                    "the app's middleware does not wrap `threads(n)` subscribers (their handler futures may be `!Send`)"
-                );
-            }
+            refuse_middleware(
+                &self.config,
+                &cx,
+                "threads(n)",
+                "their futures may be `!Send`: use `workers(n)`",
+            )?;
             let subscriber = Arc::new(self.subscriber);
             let traced = crate::spans::enabled();
             let opened = open(self.broker, subscriber, None, traced, self.config, cx).await?;

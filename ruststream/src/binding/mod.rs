@@ -198,6 +198,24 @@ pub trait Subscription: Send + 'static {
     /// and keeps the cooperative budget itself.
     fn try_next(&mut self) -> Option<Self::Delivery>;
 
+    /// Up to `max` deliveries at hand, without waiting, appended to `batch`;
+    /// returns how many. A batch handler's loop holds a job permit for each
+    /// of the `max` before it asks (JQ-7) and gives back the ones it did
+    /// not use. The default calls [`try_next`](Self::try_next) until it
+    /// finds nothing; a binding that can hand several records out in one
+    /// step (one lock, one buffer swap) does so.
+    fn try_next_batch(&mut self, max: usize, batch: &mut Vec<Self::Delivery>) -> usize {
+        let mut taken = 0;
+        while taken < max {
+            let Some(delivery) = self.try_next() else {
+                break;
+            };
+            batch.push(delivery);
+            taken += 1;
+        }
+        taken
+    }
+
     /// The next delivery, waiting for one; `None` once the subscription or its
     /// broker is closed. Cancel-safe: dropping the future loses nothing.
     /// For tests and tools that read a subscription by hand; the runtime's

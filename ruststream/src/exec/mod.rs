@@ -3,10 +3,12 @@
 //! | mode | where handlers run | in flight | read-ahead beyond the broker's queue |
 //! |---|---|---|---|
 //! | sequential | the loop task | 1 | none |
+//! | `batch(max, wait)` | the loop task | `max`, in one call | none: one permit per record |
 //! | `workers(n)` | `n` tasks on the app runtime | `n` | none: the loop polls only for an idle worker |
 //! | `workers(n, by_key)` | `n` tasks, one key at a time each | `n` | `max_pending` deliveries in owner FIFOs |
 //! | `threads(n)` | `n` OS threads, own runtimes | `n` | `n × 8` in rings (`n × 9` with the ones in hand) |
 
+pub(crate) mod batch;
 pub(crate) mod budget;
 pub(crate) mod by_key;
 pub(crate) mod owners;

@@ -516,7 +516,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
 
     /// A delivery acked, counted (and told to its span).
     #[inline]
-    fn acked(&self) {
+    pub(crate) fn acked(&self) {
         self.metrics.acked();
         self.record("acked");
     }
