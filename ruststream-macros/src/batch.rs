@@ -18,6 +18,7 @@ pub(crate) struct BatchArgs {
     /// How long to wait for more after the first, as a `Duration`
     /// expression (zero when not given).
     pub(crate) wait: TokenStream,
+    /// Where `batch` is written (set by the caller, which has the path).
     pub(crate) span: Span,
 }
 

@@ -278,7 +278,11 @@ fn parse_option(key: &str, meta: &syn::Meta, options: &mut Options) -> darling::
             }
         },
         "batch" => match meta {
-            syn::Meta::List(_) => options.batch = Some(BatchArgs::from_meta(meta)?),
+            syn::Meta::List(list) => {
+                let mut batch = BatchArgs::from_meta(meta)?;
+                batch.span = list.path.span();
+                options.batch = Some(batch);
+            }
             other => {
                 return Err(darling::Error::custom(
                     "give the batch size: `batch(max = 100)` or `batch(max = 100, wait = \"5ms\")`",
