@@ -23,6 +23,15 @@ pub fn seen() {
     }
 }
 
+/// `n` messages handled at once (a batch handler).
+pub fn seen_many(n: usize) {
+    let before = SEEN.fetch_add(n as u64, Ordering::Relaxed);
+    let target = TARGET.load(Ordering::Relaxed);
+    if before < target && before + n as u64 >= target {
+        ALL_SEEN.notify_one();
+    }
+}
+
 /// Messages handled since [`expect`].
 #[cfg_attr(not(any(feature = "kafka", feature = "mqtt")), allow(dead_code))]
 pub fn count() -> u64 {

@@ -27,6 +27,7 @@ pub const NAMES: &[&str] = &[
     "consume-workers4",
     "consume-bykey4",
     "consume-threads4",
+    "consume-batch100",
     "request-reply",
     "request-reply-64",
     "publish-only",
@@ -40,6 +41,7 @@ pub async fn run(name: &str, payloads: Arc<[Bytes]>) -> Option<Result<Measuremen
         "consume-workers4" => consume_workers4(payloads).await,
         "consume-bykey4" => consume_bykey4(payloads).await,
         "consume-threads4" => consume_threads4(payloads).await,
+        "consume-batch100" => consume_batch100(payloads).await,
         "request-reply" => request_reply(payloads, 1).await,
         "request-reply-64" => request_reply(payloads, 64).await,
         "publish-only" => publish_only(payloads).await,
@@ -129,6 +131,20 @@ async fn consume_bykey4(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError>
         progress::seen();
     }
     let t = through_app(handle, "bench.bykey", payloads).await?;
+    Ok(t.start.until(t.consumed))
+}
+
+/// `batch(max = 100)`: the default loop handing the handler up to 100
+/// records at a time (whatever is at hand: no wait).
+async fn consume_batch100(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
+    #[subscriber("bench.batch", batch(max = 100))]
+    async fn handle(orders: Vec<Order>) {
+        for order in &orders {
+            order.touch();
+        }
+        progress::seen_many(orders.len());
+    }
+    let t = through_app(handle, "bench.batch", payloads).await?;
     Ok(t.start.until(t.consumed))
 }
 

@@ -368,3 +368,89 @@ async fn an_app_serves_requests_over_redis() {
     running.shutdown().await.unwrap();
     delete_keys(&url(), "rs_test.redis.double").await;
 }
+
+/// What the batch handler below saw, in order.
+#[derive(Clone, Default)]
+struct Batches(std::sync::Arc<std::sync::Mutex<Vec<Vec<u32>>>>);
+
+#[ruststream::subscriber(
+    "rs_test.redis.batch",
+    queue_group = "batchers",
+    batch(max = 50, wait = "20ms")
+)]
+async fn batched(
+    numbers: Vec<u32>,
+    seen: ruststream::State<Batches>,
+) -> Result<(), ruststream::HandlerError> {
+    let first_call = {
+        let mut batches = seen.0.0.lock().unwrap();
+        batches.push(numbers.clone());
+        batches.len() == 1
+    };
+    if first_call {
+        return Err(ruststream::HandlerError::retry("first batch fails"));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_handler_takes_a_backlog_in_batches_and_its_failed_batch_comes_back() {
+    const N: u32 = 200;
+    delete_keys(&url(), "rs_test.redis.batch").await;
+    let redis = redis_at(&url()).await;
+    // The group is made by the first subscription: start, stop (which
+    // closes that app's connection), publish the backlog, start again.
+    let seen = Batches::default();
+    let app = |broker: RedisBroker| {
+        ruststream::App::new()
+            .broker(broker)
+            .state(seen.clone())
+            .subscriber(batched)
+    };
+    let first = app(redis_at(&url()).await).start().await.unwrap();
+    first.shutdown().await.unwrap();
+    for n in 0..N {
+        redis
+            .publish_message("rs_test.redis.batch", Message::new(n.to_string()), None)
+            .await
+            .unwrap();
+    }
+    let running = app(redis_at(&url()).await).start().await.unwrap();
+    let handled = || {
+        let batches = seen.0.lock().unwrap();
+        let mut all: Vec<u32> = batches[1.min(batches.len())..].concat();
+        all.sort_unstable();
+        all.dedup();
+        all.len() as u32
+    };
+    until(20, "every record handled by a successful batch", || {
+        handled() == N
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    let batches = seen.0.lock().unwrap().clone();
+    assert!(batches.iter().all(|b| b.len() <= 50), "max 50 per batch");
+    assert!(
+        batches.iter().any(|b| b.len() > 1),
+        "a backlog is handed over in batches: {:?}",
+        batches.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    // The first batch failed: its records came back and were handled again.
+    let retried = &batches[0];
+    let later: Vec<u32> = batches[1..].concat();
+    assert!(
+        retried.iter().all(|n| later.contains(n)),
+        "{retried:?} redelivered"
+    );
+    // Every entry was acked: nothing stays pending in the group.
+    let client = redis::Client::open(url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let groups: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg("rs_test.redis.batch")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(groups.groups[0].pending, 0, "every record acked");
+    delete_keys(&url(), "rs_test.redis.batch").await;
+}

@@ -63,6 +63,20 @@ impl Subscription for MemorySubscription {
         let env = self.queue.try_pop()?;
         Some(self.delivery(env))
     }
+
+    /// One lock for the whole batch.
+    fn try_next_batch(&mut self, max: usize, batch: &mut Vec<MemoryDelivery>) -> usize {
+        if self.conn.is_closed() {
+            return 0;
+        }
+        let queue = &self.queue;
+        queue.try_pop_many(max, |env| {
+            batch.push(MemoryDelivery {
+                env: Some(env),
+                queue: Arc::clone(queue),
+            })
+        })
+    }
 }
 
 impl MemorySubscription {

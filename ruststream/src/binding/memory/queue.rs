@@ -477,6 +477,36 @@ impl Queue {
         Some(env)
     }
 
+    /// Up to `max` head frames in fair order, each handed to `each`, under
+    /// one lock; how many. A queue that carries replies pops one at a time
+    /// (replies reaching the head complete as each frame leaves).
+    pub(crate) fn try_pop_many(&self, max: usize, mut each: impl FnMut(Envelope)) -> usize {
+        let mut state = self.lock();
+        if self.carries_replies.load(Ordering::Relaxed) {
+            drop(state);
+            return std::iter::from_fn(|| self.try_pop())
+                .take(max)
+                .map(each)
+                .count();
+        }
+        let (mut taken, mut bytes, mut drained) = (0, 0, false);
+        while taken < max {
+            let Some((env, len, left)) = state.pop(&self.round) else {
+                break;
+            };
+            bytes += len;
+            // Any lane that fell to its low-water mark wakes the publishers.
+            drained |= left <= self.budget / 2;
+            each(env);
+            taken += 1;
+        }
+        drop(state);
+        if taken > 0 {
+            self.shared.release(bytes, drained);
+        }
+        taken
+    }
+
     /// The bookkeeping of a frame of `len` bytes just popped under `state`
     /// from a lane that still holds `left` bytes.
     #[inline]
