@@ -137,6 +137,8 @@ mod book {
     mod memory_broker {}
     #[doc = include_str!("../../book/src/execution-modes.md")]
     mod execution_modes {}
+    #[doc = include_str!("../../book/src/batch.md")]
+    mod batch {}
     #[doc = include_str!("../../book/src/job-queue.md")]
     mod job_queue {}
     #[doc = include_str!("../../book/src/publishing.md")]

@@ -350,8 +350,7 @@ async fn batch_with_workers_or_zero_max_is_a_startup_error() {
         .subscriber(expire.configure(|c| c.workers(4)))
         .start()
         .await
-        .err()
-        .expect("batch with workers(4) is refused");
+        .expect_err("batch with workers(4) is refused");
     assert!(
         err.to_string().contains("does not combine with workers(n)"),
         "{err}"
@@ -363,8 +362,7 @@ async fn batch_with_workers_or_zero_max_is_a_startup_error() {
         .subscriber(expire.configure(|c| c.batch(0, std::time::Duration::ZERO)))
         .start()
         .await
-        .err()
-        .expect("batch(max = 0) is refused");
+        .expect_err("batch(max = 0) is refused");
     assert!(err.to_string().contains("max >= 1"), "{err}");
 }
 
@@ -379,7 +377,6 @@ async fn middleware_on_a_batch_subscriber_is_a_startup_error() {
         .subscriber(expire.configure(|c| c.middleware(layer)))
         .start()
         .await
-        .err()
-        .expect("middleware on a batch subscriber is refused");
+        .expect_err("middleware on a batch subscriber is refused");
     assert!(err.to_string().contains("take no middleware"), "{err}");
 }

@@ -46,6 +46,7 @@ mod registry;
 mod replies;
 mod route_cache;
 mod shared;
+mod stats;
 mod subject;
 
 use std::collections::HashMap;
@@ -54,7 +55,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 pub use self::lanes::{ROUND_RECORDS, ReceiveRound};
-pub use self::queue::QueueStats;
+pub use self::stats::QueueStats;
 pub use crate::config::{CoreHwm, CoreHwmProfile};
 pub use crate::message::FRAME_OVERHEAD;
 pub use builder::MemoryBrokerBuilder;

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::lanes::{Lane, ROUND_RECORDS, ReceiveRound, Round};
 use super::readers::Readers;
+pub use super::stats::QueueStats;
 use super::{BrokerShared, Connection};
 use crate::{Envelope, Error, Result, Text};
 
@@ -184,28 +185,6 @@ pub(crate) struct Queue {
     /// Back to the broker for dead-lettering; weak so queues never keep a
     /// closed broker alive.
     pub(crate) broker: Weak<super::Inner>,
-}
-
-/// What a queue looks like right now (see
-/// [`MemoryBroker::queues`](super::MemoryBroker::queues)).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct QueueStats {
-    /// The subscribed subject or pattern.
-    pub subject: Text,
-    /// The queue group, for a shared queue.
-    pub queue_group: Option<Text>,
-    /// Subscriptions reading the queue.
-    pub members: usize,
-    /// Frames waiting to be received.
-    pub queued: usize,
-    /// Bytes those frames are charged (payload + headers + framing).
-    pub bytes: usize,
-    /// Peers (publishing connections) with frames waiting.
-    pub peers: usize,
-    /// Whether the remote pause blocks publishers now: every member
-    /// is a request/reply source and the job queue of each is PAUSED.
-    pub receive_paused: bool,
 }
 
 impl Queue {
@@ -484,10 +463,8 @@ impl Queue {
         let mut state = self.lock();
         if self.carries_replies.load(Ordering::Relaxed) {
             drop(state);
-            return std::iter::from_fn(|| self.try_pop())
-                .take(max)
-                .map(each)
-                .count();
+            let popped = std::iter::from_fn(|| self.try_pop()).take(max);
+            return popped.map(each).count();
         }
         let (mut taken, mut bytes, mut drained) = (0, 0, false);
         while taken < max {
