@@ -318,6 +318,48 @@ async fn records_of_a_batch_that_keeps_failing_are_dead_lettered_with_the_reason
 }
 
 // ---------------------------------------------------------------------------
+// A backlog taken in batches never hogs a one-thread runtime.
+
+#[subscriber("batch.hog", batch(max = 100))]
+async fn hog(numbers: Vec<u32>, seen: State<Seen>) {
+    if seen.calls.load(Ordering::SeqCst) == 0 {
+        seen.gate.pass().await;
+    }
+    seen.record(&numbers);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_backlog_taken_in_batches_lets_other_tasks_run() {
+    const N: u32 = 5_000;
+    let broker = MemoryBroker::new();
+    let seen = Seen::default();
+    let running = start(&broker, &seen, hog).await;
+    publish(&broker, "batch.hog", (0..N).map(|n| n.to_string())).await;
+    // Another task of the same runtime notes how far the backlog was
+    // each time it runs.
+    let ticks = Arc::new(Mutex::new(Vec::new()));
+    let ticker = tokio::spawn({
+        let (ticks, seen) = (Arc::clone(&ticks), seen.clone());
+        async move {
+            while seen.all().len() < N as usize {
+                ticks.lock().unwrap().push(seen.all().len());
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    seen.gate.open();
+    seen.until_total(N as usize).await;
+    within(10, "the ticker", ticker).await.unwrap();
+    running.shutdown().await.unwrap();
+    let ticks = ticks.lock().unwrap();
+    let mid_backlog = ticks.iter().filter(|&&n| n > 0 && n < N as usize).count();
+    assert!(
+        mid_backlog >= 10,
+        "the other task ran only {mid_backlog} times while {N} records drained"
+    );
+}
+
+// ---------------------------------------------------------------------------
 // RT-9: a shutdown hands over the batch being gathered.
 
 #[subscriber("batch.stop", batch(max = 100, wait = "60s"))]

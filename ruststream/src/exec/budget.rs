@@ -29,6 +29,18 @@ impl Budget {
         false
     }
 
+    /// Counts `n` takes at once (a batch); `true` when the budget ran out
+    /// and the loop must yield before its next take (it starts over).
+    #[inline]
+    pub(crate) fn spend_many(&mut self, n: u32) -> bool {
+        if n >= self.0 {
+            self.0 = IN_A_ROW;
+            return true;
+        }
+        self.0 -= n;
+        false
+    }
+
     /// The loop yields before its next take (it took the last free job
     /// permit: the others go first).
     #[inline]
@@ -46,6 +58,18 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::{Budget, IN_A_ROW};
+
+    #[test]
+    fn a_batch_spends_its_records_at_once() {
+        let mut budget = Budget::new();
+        assert!(!budget.spend_many(IN_A_ROW - 1));
+        assert!(budget.spend_many(1), "the budget runs out on the last take");
+        assert!(
+            budget.spend_many(10 * IN_A_ROW),
+            "a batch larger than the budget"
+        );
+        assert!(!budget.spend_many(0));
+    }
 
     #[test]
     fn every_in_a_row_th_take_yields_and_a_wait_starts_over() {
