@@ -21,7 +21,7 @@ use ruststream::ingress::{JobQueueSettings, PressureState};
 use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
 use ruststream::subscriber::SubscriberConfig;
 use ruststream::{
-    App, Broker, Delivery, Envelope, Message, Result, SubscribeOptions, Subscription,
+    App, Broker, Configure, Delivery, Envelope, Message, Result, SubscribeOptions, Subscription,
 };
 
 const START: &str = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server \
@@ -380,4 +380,162 @@ async fn credentials_go_through_the_client_options() {
     assert_eq!(d.envelope().payload(), "in".as_bytes());
     d.ack().await.unwrap();
     nats.close().await.unwrap();
+}
+
+// ------------------------------------------------------------- batch handlers
+
+/// Every batch a batch handler got; call number `hold` waits for `gate`
+/// (the test sees it waiting in `holding`).
+#[derive(Clone)]
+struct Batches {
+    seen: Arc<std::sync::Mutex<Vec<Vec<u32>>>>,
+    gate: Arc<common::Gate>,
+    hold: usize,
+    holding: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Batches {
+    fn holding_call(hold: usize) -> Self {
+        Batches {
+            seen: Arc::default(),
+            gate: Arc::new(common::Gate::new()),
+            hold,
+            holding: Arc::default(),
+        }
+    }
+
+    async fn record(&self, numbers: Vec<u32>) {
+        let call = self.seen.lock().unwrap().len();
+        if call == self.hold {
+            self.holding.store(true, Ordering::SeqCst);
+            self.gate.pass().await;
+        }
+        self.seen.lock().unwrap().push(numbers);
+    }
+
+    fn handled(&self) -> Vec<u32> {
+        self.seen.lock().unwrap().concat()
+    }
+
+    fn sizes(&self) -> Vec<usize> {
+        self.seen.lock().unwrap().iter().map(Vec::len).collect()
+    }
+}
+
+#[ruststream::subscriber("rs_test.nats.batch", batch(max = 50))]
+async fn batched(numbers: Vec<u32>, batches: ruststream::State<Batches>) {
+    batches.record(numbers).await;
+}
+
+/// Without a wait, a batch is what the client has already received: a
+/// backlog in the client's buffer is taken up to `max` at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_nats_batch_takes_what_the_client_has_received() {
+    const N: u32 = 200;
+    let nats = nats().await;
+    let batches = Batches::holding_call(0);
+    let running = App::new()
+        .broker(nats.clone())
+        .state(batches.clone())
+        .subscriber(batched)
+        .start()
+        .await
+        .unwrap();
+    // On the same connection: once this one has the last message, the
+    // subscriber's buffer has everything before it.
+    let mut observer = nats
+        .subscribe(SubscribeOptions::new("rs_test.nats.batch"))
+        .await
+        .unwrap();
+    for n in 0..N {
+        nats.publish_message("rs_test.nats.batch", Message::new(n.to_string()), None)
+            .await
+            .unwrap();
+    }
+    for _ in 0..N {
+        let delivery = within(10, "the observer's copy", observer.next())
+            .await
+            .unwrap();
+        delivery.ack().await.unwrap();
+    }
+    batches.gate.open();
+    until(10, "every message handled", || {
+        batches.handled().len() == N as usize
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    assert_eq!(batches.handled(), (0..N).collect::<Vec<_>>());
+    let sizes = batches.sizes();
+    assert!(sizes.iter().all(|&n| n <= 50), "{sizes:?}");
+    assert!(
+        sizes.iter().filter(|&&n| n == 50).count() >= 3,
+        "the buffered backlog goes 50 at a time: {sizes:?}"
+    );
+}
+
+/// JetStream: the messages of an open pull the client has received are
+/// taken into the batch without waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jetstream_batch_takes_the_received_messages_of_its_pull() {
+    const N: u32 = 120;
+    let prefix = unique("jsbatch");
+    let js = nats()
+        .await
+        .jetstream(
+            StreamSpec::new(stream_name(&prefix), [format!("{prefix}.>")])
+                .memory_storage()
+                .pull_window(64),
+        )
+        .await
+        .unwrap();
+    let subject = format!("{prefix}.events");
+    for n in 0..N {
+        js.publish_message(&subject, Message::new(n.to_string()), None)
+            .await
+            .unwrap();
+    }
+    // The first pull asks for one message (a new consumer pulls carefully);
+    // the second batch, from the first full pull, waits until the server
+    // has sent that pull's messages.
+    let batches = Batches::holding_call(1);
+    let running = App::new()
+        .broker(js.clone())
+        .state(batches.clone())
+        .subscriber(batched.configure(|c| c.on_subject(subject.clone()).queue_group("batchers")))
+        .start()
+        .await
+        .unwrap();
+    until(10, "the second batch in its handler", || {
+        batches.holding.load(Ordering::SeqCst)
+    })
+    .await;
+    // Asked on the subscriber's own connection: the answer comes after
+    // every message the server sent before it, so those are in the
+    // client's buffer when it arrives.
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .context()
+        .get_consumer_from_stream("batchers", &stream_name(&prefix))
+        .await
+        .unwrap();
+    within(10, "the pull's messages sent", async {
+        while consumer.info().await.unwrap().num_ack_pending < 10 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    batches.gate.open();
+    until(10, "every message handled", || {
+        batches.handled().len() == N as usize
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    assert_eq!(batches.handled(), (0..N).collect::<Vec<_>>());
+    let sizes = batches.sizes();
+    assert!(sizes.iter().all(|&n| n <= 50), "{sizes:?}");
+    assert!(
+        sizes.get(2).is_some_and(|&n| n >= 8),
+        "the received messages of the pull are taken together: {sizes:?}"
+    );
+    let js_context = async_nats::jetstream::new(nats().await.client().clone());
+    let _ = js_context.delete_stream(stream_name(&prefix)).await;
 }

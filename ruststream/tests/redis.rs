@@ -376,7 +376,7 @@ struct Batches(std::sync::Arc<std::sync::Mutex<Vec<Vec<u32>>>>);
 #[ruststream::subscriber(
     "rs_test.redis.batch",
     queue_group = "batchers",
-    batch(max = 50, wait = "20ms")
+    batch(max = 50)
 )]
 async fn batched(
     numbers: Vec<u32>,

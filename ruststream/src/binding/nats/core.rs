@@ -2,6 +2,7 @@
 //! subscription buffer, merged with the subscription's private redelivery
 //! subject, which is where `nack` sends a message back with attempt + 1.
 
+use futures_util::FutureExt;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -89,6 +90,20 @@ impl Subscription for NatsSubscription {
     type Delivery = NatsDelivery;
 
     crate::binding::read_ahead_of_one!(NatsDelivery);
+
+    /// The read-ahead, then what the client has buffered: `next` only
+    /// polls channels until it has a message, so a poll that finds none
+    /// is dropped with nothing lost.
+    fn try_next_batch(&mut self, max: usize, batch: &mut Vec<NatsDelivery>) -> usize {
+        let before = batch.len();
+        while batch.len() - before < max {
+            let Some(Some(delivery)) = self.next().now_or_never() else {
+                break;
+            };
+            batch.push(delivery);
+        }
+        batch.len() - before
+    }
 
     async fn next(&mut self) -> Option<NatsDelivery> {
         if let Some(delivery) = self.ahead.take() {

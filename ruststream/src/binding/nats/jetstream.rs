@@ -358,6 +358,25 @@ impl Subscription for JetStreamSubscription {
 
     crate::binding::read_ahead_of_one!(JetStreamDelivery);
 
+    /// The read-ahead, then the messages of the open pull the client has
+    /// already received.
+    fn try_next_batch(&mut self, max: usize, batch: &mut Vec<JetStreamDelivery>) -> usize {
+        let before = batch.len();
+        batch.extend(self.ahead.take().into_iter().take(max));
+        while batch.len() - before < max {
+            let Some(pull) = &mut self.batch else { break };
+            let Some(message) = self.puller.try_next(pull) else {
+                break;
+            };
+            batch.push(JetStreamDelivery::new(
+                message,
+                &mut self.subjects,
+                &self.shared,
+            ));
+        }
+        batch.len() - before
+    }
+
     async fn next(&mut self) -> Option<JetStreamDelivery> {
         if let Some(delivery) = self.ahead.take() {
             return Some(delivery);

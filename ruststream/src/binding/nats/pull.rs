@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -88,6 +88,28 @@ impl Puller {
             .expires(self.expires)
             .messages()
             .await
+    }
+
+    /// A message of the open pull the client has already received, without
+    /// waiting; `None` when there is none, when the pull is over or failed
+    /// (`next` finds out), or when it is a redelivery, which waits in
+    /// `held` for `next` to flush the acks before it.
+    pub(super) fn try_next(
+        &mut self,
+        batch: &mut consumer::pull::Batch,
+    ) -> Option<jetstream::Message> {
+        if self.held.is_some() {
+            return None;
+        }
+        let Some(Some(Ok(message))) = batch.next().now_or_never() else {
+            return None;
+        };
+        self.redelivering = message.info().is_ok_and(|info| info.delivered > 1);
+        if self.redelivering {
+            self.held = Some(message);
+            return None;
+        }
+        Some(message)
     }
 
     /// The next message of the open pull; `None` once it is over: complete,

@@ -340,6 +340,22 @@ impl Subscription for RedisSubscription {
 
     crate::binding::read_ahead_of_one!(RedisDelivery);
 
+    /// The read-ahead, then what the last `XREADGROUP COUNT n` buffered:
+    /// each buffered record gives back the permit it was read under, as
+    /// the runtime holds one for it.
+    fn try_next_batch(&mut self, max: usize, batch: &mut Vec<RedisDelivery>) -> usize {
+        let before = batch.len();
+        batch.extend(self.ahead.take().into_iter().take(max));
+        while batch.len() - before < max {
+            let Some((entry, attempt, permit)) = self.buffer.pop_front() else {
+                break;
+            };
+            drop(permit);
+            batch.push(RedisDelivery::new(entry, attempt, &self.shared));
+        }
+        batch.len() - before
+    }
+
     async fn next(&mut self) -> Option<RedisDelivery> {
         if let Some(delivery) = self.ahead.take() {
             return Some(delivery);
