@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Framework vs the raw client of each broker in the same binary, 100k x 512 B
 # messages: NATS core pub/sub, JetStream consumption with one ack per
-# message, Redis Streams read 100 at a time. Prints the median msgs/s of 5
+# message, Redis Streams read 100 at a time (a handler per message, and a
+# batch handler of up to 100). Prints the median msgs/s of 5
 # interleaved rounds and the framework/raw ratio. Needs NATS with JetStream
 # (RUSTSTREAM_NATS_URL, default 127.0.0.1:4222) and Redis
 # (RUSTSTREAM_REDIS_URL, default 127.0.0.1:6379). Kafka: a consumer group
@@ -34,7 +35,7 @@ for ((round = 1; round <= rounds; round++)); do
   done
 done
 printf '%-16s %12s %8s\n' scenario msgs/s vs-raw
-for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka" "mqtt raw-mqtt"; do
+for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "redis-streams-batch raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka" "mqtt raw-mqtt"; do
   read -r fw raw <<<"$pair"
   [[ -n "${rates[$fw]:-}" ]] || continue
   f=$(echo "${rates[$fw]}" | median)

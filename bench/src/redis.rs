@@ -1,7 +1,8 @@
 //! Redis Streams scenarios next to the raw `redis` client in the same
 //! process: 100k preloaded entries of 512 bytes read by one consumer of a
 //! group, 100 per read. The raw side acks each batch with one `XACK`; the
-//! framework acks per message, coalesced by the binding.
+//! framework acks per message, coalesced by the binding, with a handler
+//! per message (`redis-streams`) or per batch (`redis-streams-batch`).
 
 use ruststream::bytes::Bytes;
 use ruststream::redis::RedisBroker;
@@ -11,7 +12,7 @@ use crate::progress;
 use crate::scenarios::{Mark, Measurement};
 
 /// The scenarios that need Redis.
-pub const NAMES: &[&str] = &["redis-streams", "raw-redis-streams"];
+pub const NAMES: &[&str] = &["redis-streams", "redis-streams-batch", "raw-redis-streams"];
 
 const BATCH: usize = 100;
 
@@ -19,6 +20,7 @@ const BATCH: usize = 100;
 pub async fn run(name: &str, n: u64) -> Option<Result<Measurement, BoxError>> {
     Some(match name {
         "redis-streams" => framework(n).await,
+        "redis-streams-batch" => framework_batch(n).await,
         "raw-redis-streams" => raw(n).await,
         _ => return None,
     })
@@ -77,6 +79,31 @@ async fn framework(n: u64) -> Result<Measurement, BoxError> {
     running.shutdown().await?;
     let _: () = redis::cmd("DEL")
         .arg("bench.redis.fw")
+        .query_async(&mut conn)
+        .await?;
+    Ok(start.until(end))
+}
+
+/// The same with a batch handler (`batch(max = 100)`): one handler call
+/// per read.
+async fn framework_batch(n: u64) -> Result<Measurement, BoxError> {
+    #[subscriber("bench.redis.batch", queue_group = "bench", batch(max = 100))]
+    async fn count(payloads: Vec<Bytes>) {
+        progress::seen_many(payloads.len());
+    }
+    let mut conn = preload("bench.redis.batch", n).await?;
+    progress::expect(n);
+    let redis = RedisBroker::builder()
+        .read_count(BATCH)
+        .connect(&url())
+        .await?;
+    let start = Mark::now();
+    let running = App::new().broker(redis).subscriber(count).start().await?;
+    progress::all_seen().await;
+    let end = Mark::now();
+    running.shutdown().await?;
+    let _: () = redis::cmd("DEL")
+        .arg("bench.redis.batch")
         .query_async(&mut conn)
         .await?;
     Ok(start.until(end))

@@ -373,11 +373,7 @@ async fn an_app_serves_requests_over_redis() {
 #[derive(Clone, Default)]
 struct Batches(std::sync::Arc<std::sync::Mutex<Vec<Vec<u32>>>>);
 
-#[ruststream::subscriber(
-    "rs_test.redis.batch",
-    queue_group = "batchers",
-    batch(max = 50)
-)]
+#[ruststream::subscriber("rs_test.redis.batch", queue_group = "batchers", batch(max = 50))]
 async fn batched(
     numbers: Vec<u32>,
     seen: ruststream::State<Batches>,
