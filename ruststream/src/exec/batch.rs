@@ -34,14 +34,12 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let jobs = Arc::clone(unit.app.jobs());
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
-    // Reused from batch to batch: claimed records, the ones that decoded,
-    // and the permits they hold. Only the bodies move to the handler.
+    // Reused from batch to batch: claimed records and the ones that
+    // decoded; only the bodies move to the handler. `held` counts one job
+    // permit per record claimed and not yet settled or handed over.
     let mut claimed = Vec::with_capacity(max);
     let mut deliveries = Vec::with_capacity(max);
-    let mut permits = Vec::with_capacity(max);
     let mut bodies = Vec::with_capacity(max);
-    let mut at_hand = Vec::with_capacity(max);
-    let mut spare = Vec::with_capacity(max);
     loop {
         // The first record, like every loop's (JQ-4): no permit held while
         // the subscription is idle.
@@ -56,21 +54,23 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         ) else {
             break;
         };
-        claimed.push((delivery, permit));
+        let mut held = jobs.no_permits();
+        held.adopt(permit);
+        claimed.push(delivery);
         let deadline = Instant::now() + wait;
         loop {
-            for (delivery, permit) in claimed.drain(..) {
+            for delivery in claimed.drain(..) {
                 match unit.check(&delivery) {
                     Checked::Body(body) => {
                         deliveries.push(delivery);
                         bodies.push(body);
-                        permits.push(permit);
                     }
                     // A record that stops here (malformed, oversized, ..)
-                    // is settled on its own; the batch goes on without it.
+                    // is settled on its own, and its permit returns; the
+                    // batch goes on without it.
                     Checked::Early(early) => {
                         Box::pin(unit.settle_early(delivery, early)).await;
-                        drop(permit);
+                        held.truncate(held.len() - 1);
                     }
                 }
             }
@@ -79,13 +79,13 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                 break;
             }
             // One permit per record asked for, taken without waiting.
-            spare.extend(std::iter::from_fn(|| jobs.try_acquire_borrowed()).take(room));
-            if spare.is_empty() {
+            let mut more = jobs.try_acquire_up_to(room);
+            if more.is_empty() {
                 break;
             }
-            let taken = subscription.try_next_batch(spare.len(), &mut at_hand);
-            spare.truncate(taken);
-            claimed.extend(at_hand.drain(..).zip(spare.drain(..)));
+            let taken = subscription.try_next_batch(more.len(), &mut claimed);
+            more.truncate(taken);
+            held.merge(more);
             if taken > 0 {
                 continue;
             }
@@ -100,6 +100,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             }
             budget.refill();
         }
+        // JQ-4 step 5: the permits return right before the handler.
+        drop(held);
         // A backlog taken a batch at a time still lets the other tasks of
         // the runtime run every so many records, as every loop does.
         let gathered = u32::try_from(deliveries.len()).unwrap_or(u32::MAX);
@@ -109,8 +111,6 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         if deliveries.is_empty() {
             continue;
         }
-        // JQ-4 step 5: the permits return right before the handler.
-        permits.clear();
         let batch = std::mem::replace(&mut bodies, Vec::with_capacity(max));
         if unit.traced {
             let span = spans::process_batch(

@@ -40,6 +40,54 @@ impl Drop for BorrowedPermit<'_> {
     }
 }
 
+/// Permits of a batch of records, counted rather than one value each: one
+/// atomic update takes or returns them all. Borrows its queue, like
+/// [`BorrowedPermit`]; what it still holds returns when it is dropped.
+#[must_use = "permits are returned when dropped"]
+pub(crate) struct Permits<'a> {
+    queue: &'a JobQueue,
+    n: usize,
+}
+
+impl<'a> Permits<'a> {
+    /// How many it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether it holds none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Takes over a single permit.
+    pub(crate) fn adopt(&mut self, permit: BorrowedPermit<'a>) {
+        std::mem::forget(permit);
+        self.n += 1;
+    }
+
+    /// Takes over every permit of `other`.
+    pub(crate) fn merge(&mut self, mut other: Permits<'a>) {
+        self.n += std::mem::take(&mut other.n);
+    }
+
+    /// Returns all but `keep`.
+    pub(crate) fn truncate(&mut self, keep: usize) {
+        if keep < self.n {
+            self.queue.release_n(self.n - keep);
+            self.n = keep;
+        }
+    }
+}
+
+impl Drop for Permits<'_> {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            self.queue.release_n(self.n);
+        }
+    }
+}
+
 impl std::fmt::Debug for JobPermit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("JobPermit")
@@ -213,6 +261,34 @@ impl JobQueue {
         self.try_slot().then(|| BorrowedPermit(self))
     }
 
+    /// Up to `n` permits that are free now, as one count (none while a
+    /// source waits for one: a batch never overtakes a waiter).
+    pub(crate) fn try_acquire_up_to(&self, n: usize) -> Permits<'_> {
+        let mut got = 0;
+        if n > 0 && self.waiters.load(Ordering::SeqCst) == 0 {
+            got = self.take_spares(n);
+            while got < n {
+                match self.permits.try_acquire() {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => break,
+                }
+                got += 1;
+            }
+            if got > 0 {
+                self.taken_n(got);
+            }
+        }
+        Permits {
+            queue: self,
+            n: got,
+        }
+    }
+
+    /// No permits, to add to (see [`Permits::adopt`]).
+    pub(crate) fn no_permits(&self) -> Permits<'_> {
+        Permits { queue: self, n: 0 }
+    }
+
     /// Waits for a slot, oldest waiter first.
     async fn wait_slot(&self) {
         if self.try_slot() {
@@ -251,19 +327,26 @@ impl JobQueue {
     /// Takes a spare permit, if there is one.
     #[inline]
     fn take_spare(&self) -> bool {
+        self.take_spares(1) == 1
+    }
+
+    /// Takes up to `n` spare permits; how many.
+    #[inline]
+    fn take_spares(&self, n: usize) -> usize {
         let mut spare = self.spare.load(Ordering::Relaxed);
         while spare > 0 {
+            let take = spare.min(n);
             match self.spare.compare_exchange_weak(
                 spare,
-                spare - 1,
+                spare - take,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return true,
+                Ok(_) => return take,
                 Err(now) => spare = now,
             }
         }
-        false
+        0
     }
 
     /// Moves the spare permits to the semaphore, which hands them to the
@@ -277,7 +360,12 @@ impl JobQueue {
 
     #[inline]
     fn taken(&self) {
-        let in_use = self.in_use.fetch_add(1, Ordering::AcqRel) + 1;
+        self.taken_n(1);
+    }
+
+    #[inline]
+    fn taken_n(&self, n: usize) {
+        let in_use = self.in_use.fetch_add(n, Ordering::AcqRel) + n;
         self.in_use_gauge.set(in_use as f64);
         if !self.paused.load(Ordering::Acquire) && in_use >= self.thresholds.pause {
             self.recompute();
@@ -286,10 +374,15 @@ impl JobQueue {
 
     #[inline]
     fn release(&self) {
-        let in_use = self.in_use.fetch_sub(1, Ordering::AcqRel) - 1;
+        self.release_n(1);
+    }
+
+    #[inline]
+    fn release_n(&self, n: usize) {
+        let in_use = self.in_use.fetch_sub(n, Ordering::AcqRel) - n;
         if self.waiters.load(Ordering::SeqCst) == 0 {
-            // No one waits: keep it spare, lock-free.
-            self.spare.fetch_add(1, Ordering::SeqCst);
+            // No one waits: keep them spare, lock-free.
+            self.spare.fetch_add(n, Ordering::SeqCst);
             // A source that started waiting meanwhile moved the spares
             // before this one arrived, or is seen here (both sides SeqCst:
             // its count goes up before it moves them, this permit before
@@ -298,7 +391,7 @@ impl JobQueue {
                 self.return_spare();
             }
         } else {
-            self.permits.add_permits(1);
+            self.permits.add_permits(n);
         }
         self.in_use_gauge.set(in_use as f64);
         if self.paused.load(Ordering::Acquire) && in_use <= self.thresholds.resume {
@@ -411,5 +504,30 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let waiters = self.0.waiters.fetch_sub(1, Ordering::SeqCst) - 1;
         self.0.waiters_gauge.set(waiters as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobQueue;
+    use crate::ingress::JobQueueSettings;
+
+    #[test]
+    fn a_count_of_permits_takes_what_is_free_and_returns_it_all() {
+        let jobs = JobQueue::new(&JobQueueSettings::default().max_queued_jobs(8)).unwrap();
+        let single = jobs.try_acquire_borrowed().unwrap();
+        let mut held = jobs.try_acquire_up_to(10);
+        assert_eq!(held.len(), 7, "only what is free");
+        assert!(jobs.try_acquire_up_to(1).is_empty());
+        held.adopt(single);
+        held.truncate(5);
+        assert_eq!(jobs.pressure().in_use, 5);
+        // From the spare permits just returned, then from the semaphore.
+        let more = jobs.try_acquire_up_to(2);
+        held.merge(more);
+        assert_eq!((held.len(), jobs.pressure().in_use), (7, 7));
+        drop(held);
+        assert_eq!(jobs.pressure().in_use, 0);
+        assert_eq!(jobs.try_acquire_up_to(100).len(), 8, "every permit back");
     }
 }
