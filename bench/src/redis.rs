@@ -6,7 +6,7 @@
 
 use ruststream::bytes::Bytes;
 use ruststream::redis::RedisBroker;
-use ruststream::{App, BoxError, subscriber};
+use ruststream::{App, BoxError, IntoSubscriber, subscriber};
 
 use crate::progress;
 use crate::scenarios::{Mark, Measurement};
@@ -66,22 +66,7 @@ async fn framework(n: u64) -> Result<Measurement, BoxError> {
     async fn count(_payload: Bytes) {
         progress::seen();
     }
-    let mut conn = preload("bench.redis.fw", n).await?;
-    progress::expect(n);
-    let redis = RedisBroker::builder()
-        .read_count(BATCH)
-        .connect(&url())
-        .await?;
-    let start = Mark::now();
-    let running = App::new().broker(redis).subscriber(count).start().await?;
-    progress::all_seen().await;
-    let end = Mark::now();
-    running.shutdown().await?;
-    let _: () = redis::cmd("DEL")
-        .arg("bench.redis.fw")
-        .query_async(&mut conn)
-        .await?;
-    Ok(start.until(end))
+    through_app(count, "bench.redis.fw", n).await
 }
 
 /// The same with a batch handler (`batch(max = 100)`): one handler call
@@ -91,21 +76,27 @@ async fn framework_batch(n: u64) -> Result<Measurement, BoxError> {
     async fn count(payloads: Vec<Bytes>) {
         progress::seen_many(payloads.len());
     }
-    let mut conn = preload("bench.redis.batch", n).await?;
+    through_app(count, "bench.redis.batch", n).await
+}
+
+/// `n` preloaded entries of `stream` through an app running `subscriber`.
+async fn through_app<M>(
+    subscriber: impl IntoSubscriber<M>,
+    stream: &str,
+    n: u64,
+) -> Result<Measurement, BoxError> {
+    let mut conn = preload(stream, n).await?;
     progress::expect(n);
     let redis = RedisBroker::builder()
         .read_count(BATCH)
         .connect(&url())
         .await?;
     let start = Mark::now();
-    let running = App::new().broker(redis).subscriber(count).start().await?;
+    let running = App::new().broker(redis).subscriber(subscriber).start().await?;
     progress::all_seen().await;
     let end = Mark::now();
     running.shutdown().await?;
-    let _: () = redis::cmd("DEL")
-        .arg("bench.redis.batch")
-        .query_async(&mut conn)
-        .await?;
+    let _: () = redis::cmd("DEL").arg(stream).query_async(&mut conn).await?;
     Ok(start.until(end))
 }
 

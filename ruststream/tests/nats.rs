@@ -149,21 +149,26 @@ async fn jetstream_nak_with_delay_redelivers_no_sooner() {
 
 // ------------------------------------------------------------- over-fetch
 
+/// A memory-backed stream on `<prefix>.>` whose pulls ask for `window`.
+async fn memory_stream(prefix: &str, window: usize) -> JetStream {
+    nats()
+        .await
+        .jetstream(
+            StreamSpec::new(stream_name(prefix), [format!("{prefix}.>")])
+                .memory_storage()
+                .pull_window(window),
+        )
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_app_never_over_fetches_from_jetstream() {
     const M: usize = 4;
     const IN_FLIGHT: usize = 2;
     const N: u32 = 100;
     let prefix = unique("of");
-    let js = nats()
-        .await
-        .jetstream(
-            StreamSpec::new(stream_name(&prefix), [format!("{prefix}.>")])
-                .memory_storage()
-                .pull_window(1),
-        )
-        .await
-        .unwrap();
+    let js = memory_stream(&prefix, 1).await;
     let subject = format!("{prefix}.jobs");
     for i in 0..N {
         // Two keys: two handlers run at once, the rest queue with permits.
@@ -479,15 +484,7 @@ async fn a_core_nats_batch_takes_what_the_client_has_received() {
 async fn a_jetstream_batch_takes_the_received_messages_of_its_pull() {
     const N: u32 = 120;
     let prefix = unique("jsbatch");
-    let js = nats()
-        .await
-        .jetstream(
-            StreamSpec::new(stream_name(&prefix), [format!("{prefix}.>")])
-                .memory_storage()
-                .pull_window(64),
-        )
-        .await
-        .unwrap();
+    let js = memory_stream(&prefix, 64).await;
     let subject = format!("{prefix}.events");
     for n in 0..N {
         js.publish_message(&subject, Message::new(n.to_string()), None)
