@@ -288,3 +288,77 @@ async fn a_broker_url_from_the_environment_reaches_nats() {
     assert_eq!(delivery.envelope().payload(), "over NATS".as_bytes());
     broker.close().await.unwrap();
 }
+
+/// Batches seen by [`collect`].
+#[derive(Default)]
+struct Collected {
+    batches: std::sync::Mutex<Vec<Vec<u32>>>,
+    changed: tokio::sync::Notify,
+}
+
+#[subscriber("settings.batch", batch(max = 100, wait = "60s"))]
+async fn collect(numbers: Vec<u32>, seen: ruststream::State<Collected>) {
+    seen.batches.lock().unwrap().push(numbers);
+    seen.changed.notify_one();
+}
+
+#[tokio::test]
+async fn batch_size_and_wait_come_from_the_settings_for_a_batch_handler() {
+    let settings = Settings::from_sources(
+        None,
+        [
+            ("RUSTSTREAM__SUBSCRIBERS__COLLECT__BATCH_MAX", "2"),
+            ("RUSTSTREAM__SUBSCRIBERS__COLLECT__BATCH_WAIT", "50ms"),
+        ],
+    )
+    .unwrap();
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .state(Collected::default())
+        .subscriber(collect)
+        .settings(&settings)
+        .start()
+        .await
+        .unwrap();
+    for n in [1u32, 2, 3] {
+        broker
+            .publish_message("settings.batch", Message::new(n.to_string()), None)
+            .await
+            .unwrap();
+    }
+    let seen = running.handle().state::<Collected>().unwrap();
+    // Full at two (not 100), and the third goes after 50 ms (not 60 s).
+    within(10, "both batches", async {
+        while seen.batches.lock().unwrap().concat().len() < 3 {
+            seen.changed.notified().await;
+        }
+    })
+    .await;
+    let batches = seen.batches.lock().unwrap().clone();
+    assert!(batches.iter().all(|b| b.len() <= 2), "{batches:?}");
+    running.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_size_for_a_handler_of_single_messages_stops_the_start() {
+    let settings = Settings::from_sources(
+        None,
+        [("RUSTSTREAM__SUBSCRIBERS__FAILING__BATCH_MAX", "10")],
+    )
+    .unwrap();
+    let err = App::new()
+        .broker(MemoryBroker::new())
+        .subscriber(failing)
+        .settings(&settings)
+        .start()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`subscribers.failing.batch_max`"), "{err}");
+    assert!(err.contains("applies to batch handlers"), "{err}");
+    assert!(
+        err.contains("RUSTSTREAM__SUBSCRIBERS__FAILING__BATCH_MAX"),
+        "{err}"
+    );
+}

@@ -65,9 +65,6 @@ impl<B> App<B> {
                     settings.source_of(&key)
                 ))
             };
-            if let Some(conflict) = overrides.conflict() {
-                return Err(bad(conflict.to_owned()));
-            }
             let handlers: Vec<&'static str> = self.units.iter().map(|u| u.requires().0).collect();
             let mut distinct: Vec<&'static str> = handlers
                 .iter()
@@ -97,6 +94,13 @@ impl<B> App<B> {
                 let unit_name = unit.requires().0;
                 if names(unit_name, name) {
                     let config = unit.config_mut();
+                    if let Some((field, what)) = overrides.conflict(config) {
+                        let key = field.map_or(key.clone(), |field| format!("{key}.{field}"));
+                        return Err(Error::Config(format!(
+                            "settings: `{key}` in {}: {what}",
+                            settings.source_of(&key)
+                        )));
+                    }
                     *config = overrides.apply(config.clone());
                 }
             }

@@ -127,6 +127,9 @@ pub struct SubscriberOverrides {
     max_attempts: Option<u32>,
     dead_letter: Option<String>,
     queue_group: Option<String>,
+    batch_max: Option<usize>,
+    #[serde(default, deserialize_with = "duration")]
+    batch_wait: Option<Duration>,
 }
 
 impl SubscriberOverrides {
@@ -160,13 +163,32 @@ impl SubscriberOverrides {
         if let Some(group) = &self.queue_group {
             code = code.queue_group(group.as_str());
         }
+        if let Some(batch) = &mut code.batch {
+            batch.max = self.batch_max.unwrap_or(batch.max);
+            batch.wait = self.batch_wait.unwrap_or(batch.wait);
+        }
         code
     }
 
-    /// Settings that contradict one another.
-    pub(crate) fn conflict(&self) -> Option<&'static str> {
-        (self.workers.is_some() && self.threads.is_some())
-            .then_some("set `workers` or `threads`, not both")
+    /// Settings that contradict one another, or the subscriber's code
+    /// (`code`): a batch size for a handler that takes one message. The
+    /// key at fault, where it is one, and what is wrong.
+    pub(crate) fn conflict(
+        &self,
+        code: &SubscriberConfig,
+    ) -> Option<(Option<&'static str>, &'static str)> {
+        if self.workers.is_some() && self.threads.is_some() {
+            return Some((None, "set `workers` or `threads`, not both"));
+        }
+        let batch_key = match (self.batch_max, self.batch_wait) {
+            (Some(_), _) => "batch_max",
+            (None, Some(_)) => "batch_wait",
+            (None, None) => return None,
+        };
+        code.batch.is_none().then_some((
+            Some(batch_key),
+            "applies to batch handlers (`batch(..)`) only",
+        ))
     }
 }
 
