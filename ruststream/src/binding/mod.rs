@@ -257,7 +257,10 @@ pub trait Subscription: Send + 'static {
 /// that cannot tell "a delivery is waiting" without receiving it: `ready`
 /// receives one delivery (through the binding's own `next`) into the
 /// subscription's `ahead` slot, `try_next` hands it out, and `next` must
-/// look there first.
+/// look there first. With `$buffered` — the binding's method that takes a
+/// delivery its client has already received, without waiting — `try_next`
+/// goes on to that when the slot is empty, so a loop with a backlog takes
+/// one delivery after another without waiting for `ready` in between.
 #[cfg(any(
     feature = "nats",
     feature = "redis",
@@ -265,7 +268,7 @@ pub trait Subscription: Send + 'static {
     feature = "kafka"
 ))]
 macro_rules! read_ahead_of_one {
-    ($delivery:ty) => {
+    ($delivery:ty $(, $buffered:ident)?) => {
         async fn ready(&mut self) -> bool {
             if self.ahead.is_none() {
                 self.ahead = $crate::binding::Subscription::next(self).await;
@@ -274,7 +277,9 @@ macro_rules! read_ahead_of_one {
         }
 
         fn try_next(&mut self) -> Option<$delivery> {
-            self.ahead.take()
+            let ahead = self.ahead.take();
+            $(let ahead = ahead.or_else(|| self.$buffered());)?
+            ahead
         }
     };
 }

@@ -43,6 +43,13 @@ struct Shared {
 }
 
 impl NatsSubscription {
+    /// A message the client has already received, without waiting: `next`
+    /// only polls channels until it has one, so a poll that finds none is
+    /// dropped with nothing lost (the waiting `next` polls them again).
+    fn take_buffered(&mut self) -> Option<NatsDelivery> {
+        Subscription::next(self).now_or_never().flatten()
+    }
+
     pub(super) async fn open(broker: NatsBroker, options: SubscribeOptions) -> Result<Self> {
         let client = broker.client.clone();
         let subject = options.subject.as_str().to_owned();
@@ -89,21 +96,7 @@ impl NatsSubscription {
 impl Subscription for NatsSubscription {
     type Delivery = NatsDelivery;
 
-    crate::binding::read_ahead_of_one!(NatsDelivery);
-
-    /// The read-ahead, then what the client has buffered: `next` only
-    /// polls channels until it has a message, so a poll that finds none
-    /// is dropped with nothing lost.
-    fn try_next_batch(&mut self, max: usize, batch: &mut Vec<NatsDelivery>) -> usize {
-        let before = batch.len();
-        while batch.len() - before < max {
-            let Some(Some(delivery)) = self.next().now_or_never() else {
-                break;
-            };
-            batch.push(delivery);
-        }
-        batch.len() - before
-    }
+    crate::binding::read_ahead_of_one!(NatsDelivery, take_buffered);
 
     async fn next(&mut self) -> Option<NatsDelivery> {
         if let Some(delivery) = self.ahead.take() {

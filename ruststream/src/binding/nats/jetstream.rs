@@ -277,6 +277,13 @@ struct Shared {
 }
 
 impl JetStreamSubscription {
+    /// A message of the open pull the client has already received, without
+    /// waiting (see [`Puller::try_next`]).
+    fn take_buffered(&mut self) -> Option<JetStreamDelivery> {
+        let message = self.puller.try_next(self.batch.as_mut()?)?;
+        Some(JetStreamDelivery::new(message, &mut self.subjects, &self.shared))
+    }
+
     async fn open(js: &JetStream, options: SubscribeOptions) -> Result<Self> {
         let spec = &js.spec;
         let stream = js
@@ -356,26 +363,7 @@ const FAN_OUT_INACTIVE: Duration = Duration::from_secs(300);
 impl Subscription for JetStreamSubscription {
     type Delivery = JetStreamDelivery;
 
-    crate::binding::read_ahead_of_one!(JetStreamDelivery);
-
-    /// The read-ahead, then the messages of the open pull the client has
-    /// already received.
-    fn try_next_batch(&mut self, max: usize, batch: &mut Vec<JetStreamDelivery>) -> usize {
-        let before = batch.len();
-        batch.extend(self.ahead.take().into_iter().take(max));
-        while batch.len() - before < max {
-            let Some(pull) = &mut self.batch else { break };
-            let Some(message) = self.puller.try_next(pull) else {
-                break;
-            };
-            batch.push(JetStreamDelivery::new(
-                message,
-                &mut self.subjects,
-                &self.shared,
-            ));
-        }
-        batch.len() - before
-    }
+    crate::binding::read_ahead_of_one!(JetStreamDelivery, take_buffered);
 
     async fn next(&mut self) -> Option<JetStreamDelivery> {
         if let Some(delivery) = self.ahead.take() {

@@ -53,6 +53,15 @@ struct Shared {
 }
 
 impl RedisSubscription {
+    /// An entry the last `XREADGROUP COUNT n` buffered, without waiting:
+    /// it gives back the permit it was read under, as the runtime holds
+    /// one for it.
+    fn take_buffered(&mut self) -> Option<RedisDelivery> {
+        let (entry, attempt, permit) = self.buffer.pop_front()?;
+        drop(permit);
+        Some(RedisDelivery::new(entry, attempt, &self.shared))
+    }
+
     pub(super) async fn open(broker: RedisBroker, options: SubscribeOptions) -> Result<Self> {
         let settings = &broker.inner.settings;
         let n = NEXT_CONSUMER.fetch_add(1, Ordering::Relaxed);
@@ -338,23 +347,7 @@ impl Subscription for RedisSubscription {
         self.jobs = Some(Arc::clone(jobs));
     }
 
-    crate::binding::read_ahead_of_one!(RedisDelivery);
-
-    /// The read-ahead, then what the last `XREADGROUP COUNT n` buffered:
-    /// each buffered record gives back the permit it was read under, as
-    /// the runtime holds one for it.
-    fn try_next_batch(&mut self, max: usize, batch: &mut Vec<RedisDelivery>) -> usize {
-        let before = batch.len();
-        batch.extend(self.ahead.take().into_iter().take(max));
-        while batch.len() - before < max {
-            let Some((entry, attempt, permit)) = self.buffer.pop_front() else {
-                break;
-            };
-            drop(permit);
-            batch.push(RedisDelivery::new(entry, attempt, &self.shared));
-        }
-        batch.len() - before
-    }
+    crate::binding::read_ahead_of_one!(RedisDelivery, take_buffered);
 
     async fn next(&mut self) -> Option<RedisDelivery> {
         if let Some(delivery) = self.ahead.take() {
