@@ -281,7 +281,11 @@ impl JetStreamSubscription {
     /// waiting (see [`Puller::try_next`]).
     fn take_buffered(&mut self) -> Option<JetStreamDelivery> {
         let message = self.puller.try_next(self.batch.as_mut()?)?;
-        Some(JetStreamDelivery::new(message, &mut self.subjects, &self.shared))
+        Some(JetStreamDelivery::new(
+            message,
+            &mut self.subjects,
+            &self.shared,
+        ))
     }
 
     async fn open(js: &JetStream, options: SubscribeOptions) -> Result<Self> {

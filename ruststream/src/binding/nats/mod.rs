@@ -269,41 +269,89 @@ impl NatsBroker {
     }
 
     /// One core publish: into the client's bounded write buffer, waiting for
-    /// room until `deadline`.
-    async fn publish_core(&self, subject: &str, message: Message, deadline: Instant) -> Result<()> {
-        self.ensure_open()?;
+    /// room until `deadline`. What can be done before the first poll is
+    /// done here, so the future keeps little beside the client's own.
+    fn publish_core(
+        &self,
+        subject: &str,
+        message: Message,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<()>> + Send + '_ {
+        let publish = self
+            .ensure_open()
+            .and_then(|()| self.client_publish(subject, message));
+        match publish {
+            Ok(publish) => futures_util::future::Either::Left(CorePublish {
+                publish,
+                deadline,
+                timer: None,
+            }),
+            Err(err) => futures_util::future::Either::Right(std::future::ready(Err(err))),
+        }
+    }
+
+    /// The client's own future for the one call that applies (made here,
+    /// not in an async block that would keep the arguments beside it).
+    fn client_publish(
+        &self,
+        subject: &str,
+        message: Message,
+    ) -> Result<impl Future<Output = std::result::Result<(), async_nats::PublishError>> + Send + '_>
+    {
+        use futures_util::future::Either::{Left, Right};
         let headers = convert::headers(&message)?;
         let reply = message.reply_to().map(|r| r.as_str().to_owned());
         let payload = message.into_payload();
         let subject = convert::publish_subject(subject);
-        let publish = async {
-            match (reply, headers) {
-                (None, None) => self.client.publish(subject, payload).await,
-                (None, Some(h)) => self.client.publish_with_headers(subject, h, payload).await,
-                (Some(r), None) => self.client.publish_with_reply(subject, r, payload).await,
-                (Some(r), Some(h)) => {
-                    self.client
-                        .publish_with_reply_and_headers(subject, r, h, payload)
-                        .await
-                }
-            }
-        };
-        let mut publish = std::pin::pin!(publish);
-        // The common case: room in the client's buffer, done on the first
-        // poll, with no timer armed.
-        if let Some(result) = futures_util::FutureExt::now_or_never(publish.as_mut()) {
-            return result.map_err(publish_error);
+        Ok(match (reply, headers) {
+            (None, None) => Left(Left(self.client.publish(subject, payload))),
+            (None, Some(h)) => Left(Right(self.client.publish_with_headers(subject, h, payload))),
+            (Some(r), None) => Right(Left(self.client.publish_with_reply(subject, r, payload))),
+            (Some(r), Some(h)) => Right(Right(
+                self.client
+                    .publish_with_reply_and_headers(subject, r, h, payload),
+            )),
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A core publish: the client's future, and a timer armed only when the
+    /// client's write buffer is full (a publish that finds room never
+    /// touches the timer wheel).
+    struct CorePublish<F> {
+        #[pin]
+        publish: F,
+        deadline: Instant,
+        timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl<F> Future for CorePublish<F>
+where
+    F: Future<Output = std::result::Result<(), async_nats::PublishError>>,
+{
+    type Output = Result<()>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<()>> {
+        let this = self.project();
+        if let std::task::Poll::Ready(result) = this.publish.poll(cx) {
+            return std::task::Poll::Ready(result.map_err(publish_error));
         }
-        match tokio::time::timeout_at(deadline, publish).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(err)) => Err(publish_error(err)),
-            Err(_) => {
-                crate::metrics::deadline_exceeded("nats");
-                Err(Error::DeadlineExceeded(
-                    "the NATS client's write buffer stayed full until the deadline",
-                ))
-            }
+        let deadline = *this.deadline;
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.as_mut().poll(cx).is_ready() {
+            crate::metrics::deadline_exceeded("nats");
+            return std::task::Poll::Ready(Err(Error::DeadlineExceeded(
+                "the NATS client's write buffer stayed full until the deadline",
+            )));
         }
+        std::task::Poll::Pending
     }
 }
 
