@@ -438,3 +438,49 @@ async fn a_delivery_aborted_by_the_shutdown_timeout_comes_back_as_attempt_two() 
     assert_eq!(runs["held"], [2], "the second delivery is attempt 2");
     second.shutdown().await.unwrap();
 }
+
+/// A core publish waits for room in the client's write buffer until its
+/// deadline, then fails with `DeadlineExceeded` (JQ-18): given explicitly,
+/// and the builder's publish timeout, counted from when the buffer is
+/// found full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_publish_to_a_frozen_server_ends_at_its_deadline() {
+    let server = OwnServer::nats().await;
+    let nats = NatsBroker::builder()
+        .publish_timeout(Duration::from_millis(300))
+        .connect(&url(&server))
+        .await
+        .unwrap();
+    server.freeze(true);
+    let payload = vec![b'x'; 60 * 1024];
+    // Fill the socket and the client's buffers until a publish has to wait.
+    let result = within(60, "a publish that waits for room", async {
+        loop {
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+            let message = Message::new(payload.clone());
+            if let Err(err) = nats
+                .publish_message("frozen.a", message, Some(deadline))
+                .await
+            {
+                return err;
+            }
+        }
+    })
+    .await;
+    assert!(result.is_deadline(), "{result}");
+    // The builder's timeout, for a publish without a deadline of its own.
+    let started = tokio::time::Instant::now();
+    let err = within(10, "the default timeout", async {
+        nats.publish_message("frozen.a", Message::new(payload.clone()), None)
+            .await
+            .unwrap_err()
+    })
+    .await;
+    assert!(err.is_deadline(), "{err}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    server.freeze(false);
+}

@@ -172,6 +172,17 @@ impl OwnServer {
         .await;
     }
 
+    /// Freezes the server (SIGSTOP) or lets it go on (SIGCONT): its port
+    /// stays open, but it reads nothing, so clients' buffers fill.
+    #[allow(dead_code)]
+    pub fn freeze(&self, frozen: bool) {
+        let Some(child) = &self.child else { return };
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let _ = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status();
+    }
+
     /// A graceful stop: SIGTERM to the server's pid (it saves what it
     /// persists), then waits for it to exit and its port to close.
     pub async fn stop(&mut self) {

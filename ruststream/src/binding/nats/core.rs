@@ -2,12 +2,11 @@
 //! subscription buffer, merged with the subscription's private redelivery
 //! subject, which is where `nack` sends a message back with attempt + 1.
 
-use futures_util::FutureExt;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::Poll;
+use std::task::{Context, Poll, Waker};
 
 use futures_util::Stream;
 use futures_util::task::AtomicWaker;
@@ -43,11 +42,75 @@ struct Shared {
 }
 
 impl NatsSubscription {
-    /// A message the client has already received, without waiting: `next`
-    /// only polls channels until it has one, so a poll that finds none is
-    /// dropped with nothing lost (the waiting `next` polls them again).
+    /// A message the client has already received, without waiting (and
+    /// without registering for a wake-up: the waiting `next` does that).
     fn take_buffered(&mut self) -> Option<NatsDelivery> {
-        Subscription::next(self).now_or_never().flatten()
+        if self.shared.broker.ensure_open().is_err() {
+            return None;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.poll_message(&mut cx, false) {
+            Poll::Ready(Some((message, redelivered))) => Some(self.delivery(message, redelivered)),
+            _ => None,
+        }
+    }
+
+    /// The next message, redeliveries first; both streams are cancel-safe
+    /// channel reads. With `wait`, a pending poll registers for the
+    /// redeliveries too.
+    fn poll_message(
+        &mut self,
+        cx: &mut Context<'_>,
+        wait: bool,
+    ) -> Poll<Option<(async_nats::Message, bool)>> {
+        let shared = &self.shared;
+        if shared.broker.closed.load(Ordering::Acquire) {
+            return Poll::Ready(None);
+        }
+        if shared.redeliveries.load(Ordering::Acquire) > 0 {
+            if let Poll::Ready(Some(m)) = Pin::new(&mut self.redeliver).poll_next(cx) {
+                shared.redeliveries.fetch_sub(1, Ordering::AcqRel);
+                return Poll::Ready(Some((m, true)));
+            }
+        } else if wait {
+            shared.waker.register(cx.waker());
+            if shared.redeliveries.load(Ordering::Acquire) > 0 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
+        Pin::new(&mut self.main)
+            .poll_next(cx)
+            .map(|m| m.map(|m| (m, false)))
+    }
+
+    /// A received message as a delivery.
+    fn delivery(&mut self, message: async_nats::Message, redelivered: bool) -> NatsDelivery {
+        let reply = message.reply.as_ref().map(|r| r.as_str());
+        let body = convert::message(message.payload, message.headers.as_ref(), reply);
+        let env = if redelivered {
+            let attempt = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(convert::REDELIVERY))
+                .and_then(|v| v.as_str().parse().ok())
+                .unwrap_or(2);
+            let subject = body
+                .headers()
+                .get(header::ORIGINAL_SUBJECT)
+                .unwrap_or(message.subject.as_str())
+                .to_owned();
+            let mut body = body;
+            body.headers_mut().remove(header::ORIGINAL_SUBJECT);
+            convert::envelope(&subject, body, attempt)
+        } else {
+            let subject = self.subjects.text(message.subject.as_str());
+            Envelope::new(subject, body)
+        };
+        NatsDelivery {
+            env,
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     pub(super) async fn open(broker: NatsBroker, options: SubscribeOptions) -> Result<Self> {
@@ -105,56 +168,8 @@ impl Subscription for NatsSubscription {
         if self.shared.broker.ensure_open().is_err() {
             return None;
         }
-        // Redeliveries first; both streams are cancel-safe channel reads.
-        let shared = Arc::clone(&self.shared);
-        let (message, redelivered) = poll_fn(|cx| {
-            if shared.broker.closed.load(Ordering::Acquire) {
-                return Poll::Ready(None);
-            }
-            if shared.redeliveries.load(Ordering::Acquire) > 0 {
-                if let Poll::Ready(Some(m)) = Pin::new(&mut self.redeliver).poll_next(cx) {
-                    shared.redeliveries.fetch_sub(1, Ordering::AcqRel);
-                    return Poll::Ready(Some((m, true)));
-                }
-            } else {
-                shared.waker.register(cx.waker());
-                if shared.redeliveries.load(Ordering::Acquire) > 0 {
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-            }
-            match Pin::new(&mut self.main).poll_next(cx) {
-                Poll::Ready(Some(m)) => Poll::Ready(Some((m, false))),
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await?;
-        let reply = message.reply.as_ref().map(|r| r.as_str());
-        let body = convert::message(message.payload, message.headers.as_ref(), reply);
-        let env = if redelivered {
-            let attempt = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(convert::REDELIVERY))
-                .and_then(|v| v.as_str().parse().ok())
-                .unwrap_or(2);
-            let subject = body
-                .headers()
-                .get(header::ORIGINAL_SUBJECT)
-                .unwrap_or(message.subject.as_str())
-                .to_owned();
-            let mut body = body;
-            body.headers_mut().remove(header::ORIGINAL_SUBJECT);
-            convert::envelope(&subject, body, attempt)
-        } else {
-            let subject = self.subjects.text(message.subject.as_str());
-            Envelope::new(subject, body)
-        };
-        Some(NatsDelivery {
-            env,
-            shared: Arc::clone(&self.shared),
-        })
+        let (message, redelivered) = poll_fn(|cx| self.poll_message(cx, true)).await?;
+        Some(self.delivery(message, redelivered))
     }
 }
 

@@ -269,14 +269,17 @@ impl NatsBroker {
     }
 
     /// One core publish: into the client's bounded write buffer, waiting for
-    /// room until `deadline`. What can be done before the first poll is
-    /// done here, so the future keeps little beside the client's own.
+    /// room until `deadline` (default: the publish timeout from when the
+    /// buffer is found full — a publish that finds room reads no clock).
+    /// What can be done before the first poll is done here, so the future
+    /// keeps little beside the client's own.
     fn publish_core(
         &self,
         subject: &str,
         message: Message,
-        deadline: Instant,
+        deadline: Option<Instant>,
     ) -> impl Future<Output = Result<()>> + Send + '_ {
+        let deadline = deadline.ok_or(self.publish_timeout);
         let publish = self
             .ensure_open()
             .and_then(|()| self.client_publish(subject, message));
@@ -322,7 +325,8 @@ pin_project_lite::pin_project! {
     struct CorePublish<F> {
         #[pin]
         publish: F,
-        deadline: Instant,
+        // The deadline, or the timeout to count from the first wait.
+        deadline: std::result::Result<Instant, Duration>,
         timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     }
 }
@@ -341,7 +345,9 @@ where
         if let std::task::Poll::Ready(result) = this.publish.poll(cx) {
             return std::task::Poll::Ready(result.map_err(publish_error));
         }
-        let deadline = *this.deadline;
+        let deadline = this
+            .deadline
+            .unwrap_or_else(|timeout| Instant::now() + timeout);
         let timer = this
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
@@ -392,7 +398,6 @@ impl Broker for NatsBroker {
         message: Message,
         deadline: Option<Instant>,
     ) -> impl Future<Output = Result<()>> + Send {
-        let deadline = self.deadline(deadline);
         self.publish_core(subject, message, deadline)
     }
 
