@@ -327,7 +327,19 @@ impl JobQueue {
     /// Takes a spare permit, if there is one.
     #[inline]
     fn take_spare(&self) -> bool {
-        self.take_spares(1) == 1
+        let mut spare = self.spare.load(Ordering::Relaxed);
+        while spare > 0 {
+            match self.spare.compare_exchange_weak(
+                spare,
+                spare - 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => spare = now,
+            }
+        }
+        false
     }
 
     /// Takes up to `n` spare permits; how many.
