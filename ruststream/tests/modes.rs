@@ -386,6 +386,53 @@ async fn a_task_spawned_onto_an_idle_dedicated_thread_from_outside_runs() {
     running.shutdown().await.unwrap();
 }
 
+static IDLE_SEEN: Notify = Notify::const_new();
+
+#[subscriber("modes.threads_idle", threads(3))]
+async fn idles_after_one(_item: Bytes) {
+    IDLE_SEEN.notify_one();
+}
+
+/// The states (`R` running or runnable, `S` asleep, ...) of this process's
+/// dedicated threads, from `/proc/self/task/*/stat`.
+#[cfg(target_os = "linux")]
+fn dedicated_thread_states() -> Vec<char> {
+    let mut states = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let path = task.path();
+        // `comm` is cut to 15 bytes: "ruststream-thre".
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if !comm.starts_with("ruststream-thre") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+        // After "(comm)" comes the state letter.
+        if let Some(state) = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+        {
+            states.push(state);
+        }
+    }
+    states
+}
+
+// An idle thread gives its CPU away a few times before it parks (ring.rs):
+// that must end in sleep, never in a thread that keeps yielding while
+// nothing arrives.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt5_idle_dedicated_threads_go_to_sleep() {
+    let running = after_one_delivery(idles_after_one, "modes.threads_idle").await;
+    within(10, "the one delivery to be handled", IDLE_SEEN.notified()).await;
+    until(10, "all 3 idle dedicated threads asleep at once", || {
+        let states = dedicated_thread_states();
+        states.len() == 3 && states.iter().all(|state| *state == 'S')
+    })
+    .await;
+    running.shutdown().await.unwrap();
+}
+
 static TK_VIOLATIONS: AtomicU32 = AtomicU32::new(0);
 static TK_LAST: Mutex<Option<HashMap<u32, u32>>> = Mutex::new(None);
 static TK_DONE: AtomicU32 = AtomicU32::new(0);
