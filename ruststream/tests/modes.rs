@@ -386,6 +386,41 @@ async fn a_task_spawned_onto_an_idle_dedicated_thread_from_outside_runs() {
     running.shutdown().await.unwrap();
 }
 
+static SPREAD_IN_HAND: AtomicU32 = AtomicU32::new(0);
+static SPREAD_GATE: Gate = Gate::new();
+
+#[subscriber("modes.threads_spread", threads(4))]
+async fn blocks_its_thread(_item: Bytes) {
+    SPREAD_IN_HAND.fetch_add(1, Ordering::SeqCst);
+    SPREAD_GATE.pass().await;
+}
+
+// The feeder takes the deliveries at hand in one step and shares them out
+// over the rings: a handler that blocks its thread never keeps the
+// deliveries behind it from idle threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt5_deliveries_at_hand_spread_over_idle_threads() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(blocks_its_thread)
+        .start()
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        broker
+            .publish_message("modes.threads_spread", Message::new(vec![1u8; 4]), None)
+            .await
+            .unwrap();
+    }
+    until(10, "one delivery in hand on each of the 4 threads", || {
+        SPREAD_IN_HAND.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    SPREAD_GATE.open();
+    running.shutdown().await.unwrap();
+}
+
 static IDLE_SEEN: Notify = Notify::const_new();
 
 #[subscriber("modes.threads_idle", threads(3))]

@@ -63,7 +63,12 @@ impl<T> Ring<T> {
     }
 
     pub(crate) fn has_space(&self) -> bool {
-        self.len.load(Ordering::Acquire) < RING_SLOTS
+        self.room() > 0
+    }
+
+    /// Free slots now; a stale read errs on the side of fewer.
+    pub(crate) fn room(&self) -> usize {
+        RING_SLOTS.saturating_sub(self.len.load(Ordering::Acquire))
     }
 
     /// Appends an item; the caller checked [`has_space`](Self::has_space).
@@ -71,10 +76,19 @@ impl<T> Ring<T> {
     /// wakes it, at the latest before it waits itself.
     #[must_use = "a waiting thread must be woken"]
     pub(crate) fn push(&self, item: T) -> Option<Waker> {
+        self.push_all(std::iter::once(item))
+    }
+
+    /// [`push`](Self::push) for several items under one lock; the caller
+    /// checked that there is [`room`](Self::room) for all of them.
+    #[must_use = "a waiting thread must be woken"]
+    pub(crate) fn push_all(&self, items: impl IntoIterator<Item = T>) -> Option<Waker> {
         let mut state = self.lock();
-        debug_assert!(state.items.len() < RING_SLOTS, "feeder checks space first");
-        state.items.push_back(item);
-        self.len.fetch_add(1, Ordering::AcqRel);
+        let before = state.items.len();
+        state.items.extend(items);
+        let added = state.items.len() - before;
+        let len = self.len.fetch_add(added, Ordering::AcqRel) + added;
+        debug_assert!(len <= RING_SLOTS, "feeder checks room first");
         state.reader.take()
     }
 

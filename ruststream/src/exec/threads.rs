@@ -25,7 +25,7 @@ use super::ring_wait::RingWait;
 use super::slot;
 use crate::binding::{Broker, Delivery, Subscription};
 use crate::host::Stop;
-use crate::ingress::JobPermit;
+use crate::ingress::{JobPermit, JobQueue};
 use crate::pipeline::{Checked, Early, Unit, invoke};
 use crate::subscriber::Subscriber;
 use crate::sync::{Mutex, MutexGuard};
@@ -53,6 +53,17 @@ trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
         free: usize,
     ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)>;
 
+    /// After a push, takes the deliveries at hand now for the room left in
+    /// the rings and pushes them too; how many (see [`spread_at_hand`]).
+    fn push_at_hand(
+        rings: &[Ring<Self>],
+        subscription: &mut B::Subscription,
+        jobs: &Arc<JobQueue>,
+        at_hand: &mut AtHand<DeliveryOf<B>>,
+        cursor: &mut usize,
+        wakes: &mut Wakes,
+    ) -> u32;
+
     /// The delivery, its body and its permit, decoding here (on the
     /// thread) what the feeder did not; the delivery and its permit back
     /// when it stops before the handler.
@@ -78,6 +89,17 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
         free: usize,
     ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)> {
         Ok(rings[free].push(Raw(delivery, permit)))
+    }
+
+    fn push_at_hand(
+        rings: &[Ring<Self>],
+        subscription: &mut B::Subscription,
+        jobs: &Arc<JobQueue>,
+        at_hand: &mut AtHand<DeliveryOf<B>>,
+        cursor: &mut usize,
+        wakes: &mut Wakes,
+    ) -> u32 {
+        spread_at_hand(rings, subscription, jobs, at_hand, cursor, wakes, Raw)
     }
 
     #[inline]
@@ -114,6 +136,19 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
             }
             Checked::Early(early) => Err((delivery, early, permit)),
         }
+    }
+
+    /// None: by key, the feeder decodes each delivery to find its ring,
+    /// and takes one only when every ring has room.
+    fn push_at_hand(
+        _: &[Ring<Self>],
+        _: &mut B::Subscription,
+        _: &Arc<JobQueue>,
+        _: &mut AtHand<DeliveryOf<B>>,
+        _: &mut usize,
+        _: &mut Wakes,
+    ) -> u32 {
+        0
     }
 
     #[inline]
@@ -270,6 +305,7 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
+    let mut at_hand = AtHand::new();
     loop {
         let target = match rings.find_space(by_key, &mut cursor) {
             Some(target) => target,
@@ -306,7 +342,24 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
                 wakes.flush();
                 Box::pin(unit.settle_early(delivery, early)).await;
                 drop(permit);
+                continue;
             }
+        }
+        if stop.is_stopped() {
+            continue;
+        }
+        let more = J::push_at_hand(
+            &rings.rings,
+            &mut subscription,
+            &jobs,
+            &mut at_hand,
+            &mut cursor,
+            &mut wakes,
+        );
+        // Yield before the next take when these spent the budget, or took
+        // the last free permit (as `receive!` does).
+        if budget.spend_many(more) || jobs.saturated() {
+            budget.end_batch();
         }
     }
     drop(wakes);
@@ -316,6 +369,84 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     for thread in finished {
         let _ = thread.await;
     }
+}
+
+/// Reused buffers of [`spread_at_hand`].
+struct AtHand<D> {
+    permits: Vec<JobPermit>,
+    claimed: Vec<D>,
+}
+
+impl<D> AtHand<D> {
+    fn new() -> Self {
+        AtHand {
+            permits: Vec::new(),
+            claimed: Vec::new(),
+        }
+    }
+}
+
+/// Takes as many deliveries as the subscription has at hand now and the
+/// rings have room for, each with a job permit taken before it is claimed
+/// (JQ-4), and never waits; returns how many. A backlog thus fills the
+/// rings with one claim (one lock of the memory Core's queue) and one lock
+/// per ring, rather than both per delivery.
+///
+/// They are shared out round robin from `cursor`, each ring with room an
+/// equal part as far as its room goes, so deliveries at hand spread over
+/// the threads as single ones do: a thread never idles while another's
+/// ring holds the work.
+fn spread_at_hand<Sub: Subscription, T>(
+    rings: &[Ring<T>],
+    subscription: &mut Sub,
+    jobs: &Arc<JobQueue>,
+    at_hand: &mut AtHand<Sub::Delivery>,
+    cursor: &mut usize,
+    wakes: &mut Wakes,
+    job: impl Fn(Sub::Delivery, JobPermit) -> T,
+) -> u32 {
+    let room: usize = rings.iter().map(Ring::room).sum();
+    let AtHand { permits, claimed } = at_hand;
+    permits.extend(std::iter::from_fn(|| jobs.try_acquire()).take(room));
+    if permits.is_empty() {
+        return 0;
+    }
+    let taken = subscription.try_next_batch(permits.len(), claimed);
+    // Dropping what is left of `permits` returns the ones not needed.
+    let mut jobs = claimed
+        .drain(..)
+        .zip(permits.drain(..))
+        .map(|(delivery, permit)| job(delivery, permit));
+    let n = rings.len();
+    let wrap = |i: usize| if i >= n { i - n } else { i };
+    let mut left = taken;
+    // Room only grows behind the feeder's back, so the rings that had it
+    // take everything; a ring that holds less than its share leaves the
+    // rest to the next pass.
+    while left > 0 {
+        let with_room = rings.iter().filter(|ring| ring.has_space()).count();
+        if with_room == 0 {
+            debug_assert!(false, "the rings had room for all");
+            break;
+        }
+        let share = left.div_ceil(with_room);
+        for k in 0..n {
+            let at = wrap(*cursor + k);
+            let put = rings[at].room().min(share).min(left);
+            if put == 0 {
+                continue;
+            }
+            if let Some(waker) = rings[at].push_all(jobs.by_ref().take(put)) {
+                wakes.0.push(waker);
+            }
+            left -= put;
+            *cursor = wrap(at + 1);
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    u32::try_from(taken).unwrap_or(u32::MAX)
 }
 
 async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
