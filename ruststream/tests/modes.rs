@@ -308,10 +308,11 @@ async fn rt5_threads_read_ahead_is_n_times_9_and_handlers_run_on_dedicated_threa
 // An idle dedicated thread parks on its ring while its runtime has no task;
 // tasks spawned there (RT-11) still run while it waits for deliveries.
 
-/// An app running `subscriber` alone, after one delivery to `subject`.
-async fn after_one_delivery<M>(
+/// An app running `subscriber` alone, after `n` deliveries to `subject`.
+async fn after_deliveries<M>(
     subscriber: impl IntoSubscriber<M>,
     subject: &str,
+    n: usize,
 ) -> ruststream::RunningApp {
     let broker = MemoryBroker::new();
     let running = App::new()
@@ -320,10 +321,12 @@ async fn after_one_delivery<M>(
         .start()
         .await
         .unwrap();
-    broker
-        .publish_message(subject, Message::new(vec![1u8; 4]), None)
-        .await
-        .unwrap();
+    for _ in 0..n {
+        broker
+            .publish_message(subject, Message::new(vec![1u8; 4]), None)
+            .await
+            .unwrap();
+    }
     running
 }
 
@@ -341,7 +344,7 @@ async fn spawns_a_timer_task(_item: Bytes) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rt11_a_task_spawned_on_a_dedicated_thread_runs_while_the_thread_idles() {
-    let running = after_one_delivery(spawns_a_timer_task, "modes.threads_spawn").await;
+    let running = after_deliveries(spawns_a_timer_task, "modes.threads_spawn", 1).await;
     // No further delivery comes: only the thread's own runtime can fire the
     // task's timers.
     within(
@@ -364,7 +367,7 @@ async fn shares_its_runtime(_item: Bytes) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_spawned_onto_an_idle_dedicated_thread_from_outside_runs() {
-    let running = after_one_delivery(shares_its_runtime, "modes.threads_handle").await;
+    let running = after_deliveries(shares_its_runtime, "modes.threads_handle", 1).await;
     within(
         10,
         "the handler to share its runtime",
@@ -400,19 +403,7 @@ async fn blocks_its_thread(_item: Bytes) {
 // deliveries behind it from idle threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rt5_deliveries_at_hand_spread_over_idle_threads() {
-    let broker = MemoryBroker::new();
-    let running = App::new()
-        .broker(broker.clone())
-        .subscriber(blocks_its_thread)
-        .start()
-        .await
-        .unwrap();
-    for _ in 0..4 {
-        broker
-            .publish_message("modes.threads_spread", Message::new(vec![1u8; 4]), None)
-            .await
-            .unwrap();
-    }
+    let running = after_deliveries(blocks_its_thread, "modes.threads_spread", 4).await;
     until(10, "one delivery in hand on each of the 4 threads", || {
         SPREAD_IN_HAND.load(Ordering::SeqCst) == 4
     })
@@ -458,7 +449,7 @@ fn dedicated_thread_states() -> Vec<char> {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rt5_idle_dedicated_threads_go_to_sleep() {
-    let running = after_one_delivery(idles_after_one, "modes.threads_idle").await;
+    let running = after_deliveries(idles_after_one, "modes.threads_idle", 1).await;
     within(10, "the one delivery to be handled", IDLE_SEEN.notified()).await;
     until(10, "all 3 idle dedicated threads asleep at once", || {
         let states = dedicated_thread_states();

@@ -55,14 +55,18 @@ trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
 
     /// After a push, takes the deliveries at hand now for the room left in
     /// the rings and pushes them too; how many (see [`spread_at_hand`]).
+    /// None by default, as by key: there the feeder decodes each delivery
+    /// to find its ring, and takes one only when every ring has room.
     fn push_at_hand(
-        rings: &[Ring<Self>],
-        subscription: &mut B::Subscription,
-        jobs: &Arc<JobQueue>,
-        at_hand: &mut AtHand<DeliveryOf<B>>,
-        cursor: &mut usize,
-        wakes: &mut Wakes,
-    ) -> u32;
+        _rings: &[Ring<Self>],
+        _subscription: &mut B::Subscription,
+        _jobs: &Arc<JobQueue>,
+        _at_hand: &mut AtHand<DeliveryOf<B>>,
+        _cursor: &mut usize,
+        _wakes: &mut Wakes,
+    ) -> u32 {
+        0
+    }
 
     /// The delivery, its body and its permit, decoding here (on the
     /// thread) what the feeder did not; the delivery and its permit back
@@ -136,19 +140,6 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
             }
             Checked::Early(early) => Err((delivery, early, permit)),
         }
-    }
-
-    /// None: by key, the feeder decodes each delivery to find its ring,
-    /// and takes one only when every ring has room.
-    fn push_at_hand(
-        _: &[Ring<Self>],
-        _: &mut B::Subscription,
-        _: &Arc<JobQueue>,
-        _: &mut AtHand<DeliveryOf<B>>,
-        _: &mut usize,
-        _: &mut Wakes,
-    ) -> u32 {
-        0
     }
 
     #[inline]
