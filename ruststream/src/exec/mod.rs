@@ -15,6 +15,7 @@ pub(crate) mod owners;
 pub(crate) mod ring;
 pub(crate) mod ring_wait;
 pub(crate) mod sequential;
+pub(crate) mod snooze_backoff;
 pub(crate) mod threads;
 pub(crate) mod workers;
 

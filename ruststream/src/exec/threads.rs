@@ -23,6 +23,7 @@ use super::budget::Budget;
 use super::ring::{RING_SLOTS, Ring};
 use super::ring_wait::RingWait;
 use super::slot;
+use super::snooze_backoff::SnoozeBackoff;
 use crate::binding::{Broker, Delivery, Subscription};
 use crate::host::Stop;
 use crate::ingress::{JobPermit, JobQueue};
@@ -199,12 +200,23 @@ impl<T> Rings<T> {
     /// calls: the threads it waits for are often runnable on that very CPU,
     /// and handing it to them directly beats a wake-up through Tokio's
     /// driver (a futex or eventfd call each way) per ring of 8. The threads
-    /// owed a wake-up must have it first.
-    fn snooze_for_space(&self, all: bool, cursor: &mut usize) -> Option<usize> {
-        (0..FEEDER_SNOOZES).find_map(|_| {
+    /// owed a wake-up must have it first. `backoff` says when it does not
+    /// pay.
+    fn snooze_for_space(
+        &self,
+        all: bool,
+        cursor: &mut usize,
+        backoff: &mut SnoozeBackoff,
+    ) -> Option<usize> {
+        if !backoff.due() {
+            return None;
+        }
+        let found = (0..FEEDER_SNOOZES).find_map(|_| {
             std::thread::yield_now();
             self.find_space(all, cursor)
-        })
+        });
+        backoff.paid(found.is_some());
+        found
     }
 
     /// Waits for [`find_space`](Self::find_space).
@@ -297,12 +309,13 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
     let mut at_hand = AtHand::new();
+    let mut backoff = SnoozeBackoff::new();
     loop {
         let target = match rings.find_space(by_key, &mut cursor) {
             Some(target) => target,
             None => {
                 wakes.flush();
-                match rings.snooze_for_space(by_key, &mut cursor) {
+                match rings.snooze_for_space(by_key, &mut cursor, &mut backoff) {
                     Some(target) => target,
                     None => tokio::select! {
                         biased;
