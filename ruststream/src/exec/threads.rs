@@ -410,12 +410,19 @@ fn spread_at_hand<Sub: Subscription, T>(
     job: impl Fn(Sub::Delivery, JobPermit) -> T,
 ) -> u32 {
     let room: usize = rings.iter().map(Ring::room).sum();
-    let AtHand { permits, claimed } = at_hand;
-    permits.extend(std::iter::from_fn(|| jobs.try_acquire()).take(room));
-    if permits.is_empty() {
+    // One delivery first: with nothing at hand (a trickle, not a backlog)
+    // one permit goes back, not a permit for every free slot.
+    let Some(first) = (room > 0).then(|| jobs.try_acquire()).flatten() else {
         return 0;
-    }
-    let taken = subscription.try_next_batch(permits.len(), claimed);
+    };
+    let Some(delivery) = subscription.try_next() else {
+        return 0;
+    };
+    let AtHand { permits, claimed } = at_hand;
+    claimed.push(delivery);
+    permits.push(first);
+    permits.extend(std::iter::from_fn(|| jobs.try_acquire()).take(room - 1));
+    let taken = 1 + subscription.try_next_batch(permits.len() - 1, claimed);
     // Dropping what is left of `permits` returns the ones not needed.
     let mut jobs = claimed
         .drain(..)
