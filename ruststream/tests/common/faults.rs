@@ -401,7 +401,12 @@ pub async fn restart_mid_stream<B: Broker, F: Future<Output = ()>>(
     let resumed = back.elapsed();
     within(120, "every publish", publisher).await.unwrap();
     while runs.len() < n {
-        one_run(&mut seen, &mut runs, "every job after the restart", 60).await;
+        let missing: Vec<String> = (0..n)
+            .map(|i| i.to_string())
+            .filter(|id| !runs.contains_key(id))
+            .collect();
+        let what = format!("every job after the restart (not handled yet: {missing:?})");
+        one_run(&mut seen, &mut runs, &what, 60).await;
     }
     let recovered = back.elapsed();
     running.shutdown().await.unwrap();

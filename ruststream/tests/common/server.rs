@@ -253,6 +253,12 @@ impl Drop for OwnServer {
             kill_group(&child);
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A failed test keeps the server's directory: its logs say what
+        // the server did (`log/` for RabbitMQ).
+        if std::thread::panicking() {
+            eprintln!("kept {} (the server's data and logs)", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
