@@ -102,28 +102,23 @@ impl<T> Ring<T> {
         poll_fn(move |cx| self.poll_take_all(taken, cx.waker()))
     }
 
+    /// Whether an item waits now; a stale read may miss one just pushed.
+    pub(crate) fn has_items(&self) -> bool {
+        self.len.load(Ordering::Acquire) != 0
+    }
+
     /// [`take_all`](Self::take_all) for a thread that parks itself, not a
-    /// task: `unpark` wakes it. Before it registers to be woken it gives the
-    /// CPU away up to `snoozes` times while the ring stays empty: a feeder
-    /// that is busy refills the ring within a few of those, and then neither
-    /// side pays a futex call. Every `recheck` (and after each wake-up) it
+    /// task: `unpark` wakes it. Every `recheck` (and after each wake-up) it
     /// asks `idle` and returns `None` once it should wait in its runtime
     /// instead.
     pub(crate) fn take_all_parked(
         &self,
         taken: &mut VecDeque<T>,
         unpark: &Waker,
-        snoozes: usize,
         recheck: Duration,
         idle: impl Fn() -> bool,
     ) -> Option<bool> {
         loop {
-            for _ in 0..snoozes {
-                if self.len.load(Ordering::Acquire) != 0 {
-                    break;
-                }
-                std::thread::yield_now();
-            }
             if let Poll::Ready(more) = self.poll_take_all(taken, unpark) {
                 return Some(more);
             }

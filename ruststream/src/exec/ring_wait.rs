@@ -29,6 +29,7 @@ use std::time::Duration;
 use tokio::runtime::RuntimeMetrics;
 
 use super::ring::Ring;
+use super::snooze_backoff::SnoozeBackoff;
 
 /// How often a parked thread looks for tasks spawned onto its runtime from
 /// elsewhere.
@@ -44,6 +45,7 @@ pub(crate) struct RingWait {
     /// Wakes this OS thread out of `std::thread::park`.
     unpark: Waker,
     runtime: RuntimeMetrics,
+    snooze: SnoozeBackoff,
 }
 
 impl RingWait {
@@ -52,16 +54,22 @@ impl RingWait {
         RingWait {
             unpark: Waker::from(Arc::new(Unpark(std::thread::current()))),
             runtime: tokio::runtime::Handle::current().metrics(),
+            snooze: SnoozeBackoff::new(),
         }
     }
 
     /// [`Ring::take_all`], parking the OS thread while the runtime is idle.
-    pub(crate) async fn take_all<T>(&self, ring: &Ring<T>, taken: &mut VecDeque<T>) -> bool {
-        let idle = || self.runtime.num_alive_tasks() == 0;
-        if idle()
-            && let Some(more) = ring.take_all_parked(taken, &self.unpark, SNOOZES, RECHECK, idle)
-        {
-            return more;
+    pub(crate) async fn take_all<T>(&mut self, ring: &Ring<T>, taken: &mut VecDeque<T>) -> bool {
+        let runtime = &self.runtime;
+        let idle = || runtime.num_alive_tasks() == 0;
+        if idle() {
+            if !ring.has_items() {
+                self.snooze
+                    .snooze(SNOOZES, || ring.has_items().then_some(()));
+            }
+            if let Some(more) = ring.take_all_parked(taken, &self.unpark, RECHECK, idle) {
+                return more;
+            }
         }
         ring.take_all(taken).await
     }

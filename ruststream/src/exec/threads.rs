@@ -208,15 +208,7 @@ impl<T> Rings<T> {
         cursor: &mut usize,
         backoff: &mut SnoozeBackoff,
     ) -> Option<usize> {
-        if !backoff.due() {
-            return None;
-        }
-        let found = (0..FEEDER_SNOOZES).find_map(|_| {
-            std::thread::yield_now();
-            self.find_space(all, cursor)
-        });
-        backoff.paid(found.is_some());
-        found
+        backoff.snooze(FEEDER_SNOOZES, || self.find_space(all, cursor))
     }
 
     /// Waits for [`find_space`](Self::find_space).
@@ -466,7 +458,7 @@ async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
     index: usize,
 ) {
     let ring = &rings.rings[index];
-    let wait = RingWait::new();
+    let mut wait = RingWait::new();
     let mut taken = VecDeque::with_capacity(RING_SLOTS);
     // A traced `!Send` handler has no stack to take its span: its own path.
     let traced_local = unit.traced && unit.service.is_none();
