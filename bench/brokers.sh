@@ -11,7 +11,8 @@
 # process (or RUSTSTREAM_KAFKA_BOOTSTRAP). MQTT: QoS 1 consumption with a
 # PUBACK per message (receive maximum 64) from a raw rumqttc publisher,
 # framework vs a raw rumqttc event loop (TCP_NODELAY everywhere, as the
-# binding sets it), on Mosquitto
+# binding sets it) in a task of the runtime, as the framework's loop, and
+# again on the main thread (raw-mqtt-main: see bench/src/mqtt.rs), on Mosquitto
 # (RUSTSTREAM_MQTT_URL, default mqtt://127.0.0.1:1883).
 # BROKERS picks the brokers (default: all), e.g. `BROKERS=kafka
 # bench/brokers.sh` runs only the Kafka pair and needs no server.
@@ -35,7 +36,7 @@ for ((round = 1; round <= rounds; round++)); do
   done
 done
 printf '%-16s %12s %8s\n' scenario msgs/s vs-raw
-for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "redis-streams-batch raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka" "mqtt raw-mqtt"; do
+for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "redis-streams-batch raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka" "mqtt raw-mqtt" "mqtt raw-mqtt-main"; do
   read -r fw raw <<<"$pair"
   [[ -n "${rates[$fw]:-}" ]] || continue
   f=$(echo "${rates[$fw]}" | median)

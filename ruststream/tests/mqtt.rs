@@ -19,6 +19,7 @@ use common::retry_once::in_a_process_that_dies;
 use common::{unique, until, within};
 use ruststream::bytes::Bytes;
 use ruststream::conformance::{self, Capabilities, Harness};
+use ruststream::ingress::JobQueueSettings;
 use ruststream::mqtt::{MqttBroker, MqttBrokerBuilder, QoS};
 use ruststream::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
 use ruststream::{
@@ -413,6 +414,8 @@ struct Recorder {
     fail: Option<&'static str>,
     seen: Arc<Mutex<Vec<(String, u32)>>>,
     calls: Arc<AtomicU32>,
+    /// How long each call takes after it records.
+    busy: Duration,
 }
 
 impl Recorder {
@@ -422,7 +425,14 @@ impl Recorder {
             fail,
             seen: Arc::default(),
             calls: Arc::default(),
+            busy: Duration::ZERO,
         }
+    }
+
+    /// Each call takes `busy` (so messages queue up behind it).
+    fn busy(mut self, busy: Duration) -> Self {
+        self.busy = busy;
+        self
     }
 }
 
@@ -455,8 +465,89 @@ impl SendSubscriber for Recorder {
             Some(why) => Outcome::Failed(HandlerError::retry(why)),
             None => Outcome::Ack(Some(body)),
         };
-        std::future::ready(outcome)
+        let busy = self.busy;
+        async move {
+            if !busy.is_zero() {
+                tokio::time::sleep(busy).await;
+            }
+            outcome
+        }
     }
+}
+
+/// A graceful shutdown with messages still waiting in the subscription's
+/// buffer (RT-9): every message the first run handled was acked before its
+/// DISCONNECT, so the next run with the same session gets exactly the
+/// others, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_mid_stream_sends_every_ack_it_owes() {
+    const N: usize = 60;
+    let topic = unique("rs/owed/");
+    let client_id = unique("rs-owed-");
+    let sender = mqtt().await;
+    let config = SubscriberConfig::new(topic.as_str()).queue_group("owed");
+    // Slow enough that most messages still wait in the buffer at shutdown.
+    let first = Recorder::new(config.clone(), None).busy(Duration::from_millis(5));
+    let seen_first = Arc::clone(&first.seen);
+    let app = connect(builder().client_id(client_id.as_str())).await;
+    let running = App::new()
+        .broker(app.clone())
+        .subscriber(first)
+        .start()
+        .await
+        .unwrap();
+    for i in 0..N {
+        publish(&sender, &topic, &i.to_string()).await;
+    }
+    until(10, "a few messages handled", || {
+        seen_first.lock().unwrap().len() >= 5
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    app.close().await.unwrap();
+    let first: Vec<String> = seen_first
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert!(first.len() < N, "the shutdown came before the last message");
+
+    let second = Recorder::new(config, None);
+    let seen_second = Arc::clone(&second.seen);
+    let app = connect(builder().client_id(client_id.as_str())).await;
+    let running = App::new()
+        .broker(app.clone())
+        .subscriber(second)
+        .start()
+        .await
+        .unwrap();
+    let rest = N - first.len();
+    until(10, "the messages the first run left", || {
+        seen_second.lock().unwrap().len() >= rest
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    app.close().await.unwrap();
+    let second: Vec<String> = seen_second
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    let again: Vec<&String> = second.iter().filter(|p| first.contains(p)).collect();
+    assert!(
+        again.is_empty(),
+        "handled and acked in the first run, delivered again: {again:?}"
+    );
+    let mut all: Vec<usize> = first
+        .iter()
+        .chain(&second)
+        .map(|p| p.parse().unwrap())
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..N).collect::<Vec<_>>(), "each message once");
+    sender.close().await.unwrap();
 }
 
 /// Receive flow (JQ-21, JQ-23): the broker never has more than the receive
@@ -581,6 +672,61 @@ async fn a_busy_subscription_with_a_small_receive_maximum_never_stalls() {
     })
     .await;
     publishing.await.unwrap();
+    running.shutdown().await.unwrap();
+    sender.close().await.unwrap();
+    mqtt.close().await.unwrap();
+}
+
+/// Every execution mode, several subscribers sharing one job permit (so
+/// their loops keep waiting for it between reads), each with a receive
+/// maximum of 4: no stream stalls. Acks from worker tasks and dedicated
+/// threads reach the broker while the loop that reads waits for a permit
+/// (RT-3, RT-5, JQ-4, JQ-11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mode_sharing_one_permit_with_a_small_receive_maximum_never_stalls() {
+    const N: usize = 300;
+    let mqtt = connect(builder().receive_maximum(4)).await;
+    type Mode = fn(SubscriberConfig) -> SubscriberConfig;
+    let modes: [(&str, Mode); 4] = [
+        ("default", |c| c),
+        ("workers", |c| c.workers(4)),
+        ("by_key", |c| c.workers_by_key(2)),
+        ("threads", |c| c.threads(2)),
+    ];
+    let mut app = App::new()
+        .broker(mqtt.clone())
+        .job_queue(JobQueueSettings::default().max_queued_jobs(1));
+    let mut streams = Vec::new();
+    for (name, mode) in modes {
+        let topic = unique(&format!("rs/permit-{name}/"));
+        let recorder = Recorder::new(mode(SubscriberConfig::new(topic.as_str())), None);
+        streams.push((name, topic, Arc::clone(&recorder.calls)));
+        app = app.subscriber(recorder);
+    }
+    let running = app.start().await.unwrap();
+    let sender = connect(builder()).await;
+    let publishing: Vec<_> = streams
+        .iter()
+        .map(|(_, topic, _)| {
+            let (sender, topic) = (sender.clone(), topic.clone());
+            tokio::spawn(async move {
+                for i in 0..N {
+                    publish(&sender, &topic, &i.to_string()).await;
+                }
+            })
+        })
+        .collect();
+    for (name, _, calls) in &streams {
+        until(
+            30,
+            &format!("every message of the {name} subscriber handled"),
+            || calls.load(Ordering::SeqCst) as usize == N,
+        )
+        .await;
+    }
+    for publishing in publishing {
+        publishing.await.unwrap();
+    }
     running.shutdown().await.unwrap();
     sender.close().await.unwrap();
     mqtt.close().await.unwrap();

@@ -21,6 +21,11 @@ impl Default for PullFlow {
 }
 
 impl PullFlow {
+    /// Whether the flow is paused now.
+    pub(crate) fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
     /// Resolves while (or once) the flow is running.
     pub(crate) async fn running(&self) {
         // The sender lives as long as `self`, so the wait cannot fail.

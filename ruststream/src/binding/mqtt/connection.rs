@@ -30,11 +30,12 @@ use rumqttc::v5::mqttbytes::v5::{
     SubscribeReasonCode,
 };
 use rumqttc::v5::{AsyncClient, ClientError, Event, EventLoop, MqttOptions};
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::convert::{ack_of, valid_topic};
-use super::pump::Pump;
+use super::pump::{Pump, Turn};
+use super::room::Room;
 use crate::{Error, Result};
 
 /// Why a publish was not confirmed: the connection broke first. Its caller
@@ -94,11 +95,14 @@ struct State {
 pub(super) struct Connection {
     client: AsyncClient,
     state: Mutex<State>,
-    /// Notified whenever the event loop took a request off the channel.
-    space: Notify,
+    /// Room in the request channel, announced by the event loop.
+    room: Room,
     /// `true` while connected.
     up: watch::Sender<bool>,
     closed: AtomicBool,
+    /// `true` once [`close`](Connection::close) has finished (or was
+    /// cancelled): a second caller waits for it.
+    finished: watch::Sender<bool>,
     /// Whether `deferred_acks` may hold any (set and cleared under the
     /// state lock; read without it).
     deferred: AtomicBool,
@@ -148,9 +152,10 @@ impl Connection {
                 subscribes_inflight: HashMap::new(),
                 deferred_acks: VecDeque::new(),
             }),
-            space: Notify::new(),
+            room: Room::default(),
             up: watch::Sender::new(true),
             closed: AtomicBool::new(false),
+            finished: watch::Sender::new(false),
             deferred: AtomicBool::new(false),
             task: Mutex::new(None),
             pump: OnceLock::new(),
@@ -165,13 +170,16 @@ impl Connection {
         } else {
             Some(conn.subscribe(filters.clone(), !session_present)?)
         };
-        let pump = Pump::new(drive(
-            Arc::clone(&conn),
-            eventloop,
-            inbound,
-            filters,
-            backoff,
-        ));
+        let pump = Pump::new(|turn| {
+            drive(
+                Arc::clone(&conn),
+                eventloop,
+                inbound,
+                filters,
+                backoff,
+                turn,
+            )
+        });
         let task = tokio::spawn(Arc::clone(&pump).task());
         let _ = conn.pump.set(pump);
         *conn.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
@@ -274,8 +282,9 @@ impl Connection {
         payload: &bytes::Bytes,
         properties: &PublishProperties,
     ) -> Result<oneshot::Receiver<std::result::Result<Result<()>, Lost>>> {
+        let waiter = self.room.waiter();
         loop {
-            let room = self.space.notified();
+            let room = waiter.notified();
             {
                 let mut state = self.lock();
                 if self.is_closed() {
@@ -369,27 +378,38 @@ impl Connection {
 
     /// Sends DISCONNECT after what is already in the request channel (acks
     /// included) and waits a little for the event loop to end.
+    /// A second call (the broker's close while the subscription's drop
+    /// closes it) returns once the first one has: the acks are out then.
     pub(super) async fn close(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
+            let _ = self.finished.subscribe().wait_for(|done| *done).await;
             return;
         }
+        // Set however this call ends, also when its task is dropped.
+        let _finished = Finished(&self.finished);
         (self.close_inbound)();
+        if let Some(pump) = self.pump.get() {
+            // The reader reads no more: the connection task drives to the end.
+            pump.release();
+        }
         // The acks made so far go out before the DISCONNECT.
         let until = Instant::now() + Duration::from_secs(1);
+        let waiter = self.room.waiter();
         loop {
-            let room = self.space.notified();
+            let room = waiter.notified();
             self.flush_acks();
             if self.lock().deferred_acks.is_empty() || Instant::now() >= until {
                 break;
             }
             let _ = tokio::time::timeout_at(until, room).await;
         }
+        drop(waiter);
         {
             let _state = self.lock();
             let _ = self.client.try_disconnect();
         }
         self.up.send_replace(false);
-        self.space.notify_waiters();
+        self.room.wake_all();
         let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut task) = task
             && tokio::time::timeout(Duration::from_secs(2), &mut task)
@@ -436,7 +456,7 @@ impl Connection {
             ) => {}
             // Nothing to look up (acks written, pings): room in the channel.
             Event::Outgoing(_) => {
-                self.space.notify_waiters();
+                self.room.made();
                 return;
             }
             _ => return,
@@ -456,21 +476,21 @@ impl Connection {
                         state.inflight.insert(*pkid, confirm);
                     }
                 }
-                self.space.notify_waiters();
+                self.room.made();
             }
             Event::Outgoing(Outgoing::AwaitAck(pkid)) => {
                 if let Some((_, confirm)) = state.sent.pop_front() {
                     state.collided = Some((*pkid, confirm));
                 }
-                self.space.notify_waiters();
+                self.room.made();
             }
             Event::Outgoing(Outgoing::Subscribe(pkid)) => {
                 if let Some(tx) = state.subscribes.pop_front() {
                     state.subscribes_inflight.insert(*pkid, tx);
                 }
-                self.space.notify_waiters();
+                self.room.made();
             }
-            Event::Outgoing(_) => self.space.notify_waiters(),
+            Event::Outgoing(_) => self.room.made(),
             Event::Incoming(Packet::PubAck(ack)) => {
                 if let Some(confirm) = state.inflight.remove(&ack.pkid) {
                     let result = match ack.reason {
@@ -526,7 +546,7 @@ impl Connection {
         self.up.send_replace(false);
         inbound.reset();
         self.fail_all(|| Err(Lost));
-        self.space.notify_waiters();
+        self.room.wake_all();
     }
 }
 
@@ -537,6 +557,7 @@ async fn drive<I: Inbound>(
     inbound: Arc<I>,
     filters: Vec<Filter>,
     (first_backoff, max_backoff): (Duration, Duration),
+    turn: Turn,
 ) {
     let mut backoff = first_backoff;
     let mut epoch = 0;
@@ -546,6 +567,7 @@ async fn drive<I: Inbound>(
                 // Only this task ends an epoch (`on_break`): its own count
                 // is the current one, no lock needed.
                 inbound.deliver(publish, epoch).await;
+                turn.yield_to_reader().await;
             }
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                 backoff = first_backoff;
@@ -588,6 +610,15 @@ async fn drive<I: Inbound>(
                 }
             }
         }
+    }
+}
+
+/// Marks a [`Connection::close`] finished when dropped.
+struct Finished<'a>(&'a watch::Sender<bool>);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
     }
 }
 

@@ -76,6 +76,7 @@ mod convert;
 mod delivery;
 mod pump;
 mod reply;
+mod room;
 mod subscription;
 
 use std::collections::HashMap;

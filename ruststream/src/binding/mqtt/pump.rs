@@ -14,6 +14,13 @@
 //! stops) the connection task polls: keep-alive, acks from other tasks,
 //! reconnects and backpressure go on as before.
 //!
+//! Polled by the reader, the drive also stops right after it hands over a
+//! publish ([`Turn::yield_to_reader`]), as a raw loop stops polling while it
+//! handles what it read: going on would only poll the event loop into
+//! waiting (one more `select!` round per message, each allocating a waiter
+//! in the request channel), to be polled again after the ack anyway. That
+//! took a fifth of the framework's instructions per MQTT message.
+//!
 //! Every resource inside the future (socket, request channel, timers,
 //! buffer room) wakes one [`Route`], which wakes the reader while it waits
 //! and the connection task otherwise — except a wake-up the reader's own
@@ -29,9 +36,12 @@
 //! expects it to yield).
 
 use std::future::{Future, poll_fn};
+use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU8;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex, TryLockError};
 use std::task::{Context, Poll, Wake, Waker};
@@ -58,29 +68,34 @@ pub(super) struct Pump {
 struct Route {
     /// Woken and not polled since.
     woken: AtomicBool,
+    /// The drive handed the reader a publish and yielded ([`Turn`]): the
+    /// reader's next read polls it again, and nobody is woken for it.
+    yielded: AtomicBool,
     /// The reader waits for a message and polls the drive itself.
     reading: AtomicBool,
     /// `NOBODY`, `READER` or `TASK`.
     polling: AtomicU8,
     done: AtomicBool,
     reader: AtomicWaker,
-    /// The reader's task, whose own wake-ups wait for its next read.
-    reader_task: Mutex<Option<tokio::task::Id>>,
+    /// The reader's task ([`task_bits`]; 0: none yet), whose own wake-ups
+    /// wait for its next read. An atomic rather than a lock: it is read on
+    /// every wake-up and written on every read.
+    reader_task: AtomicU64,
     task: AtomicWaker,
 }
 
 impl Route {
     fn on_reader_task(&self) -> bool {
-        let current = tokio::task::try_id();
-        current.is_some() && *self.reader_task.lock().unwrap_or_else(|e| e.into_inner()) == current
+        let current = task_bits();
+        current != 0 && self.reader_task.load(SeqCst) == current
     }
 
     /// The current task reads.
     fn set_reader_task(&self) {
-        let current = tokio::task::try_id();
-        let mut reader = self.reader_task.lock().unwrap_or_else(|e| e.into_inner());
-        if *reader != current {
-            *reader = current;
+        let current = task_bits();
+        // Written only when it changes: the cache line stays shared.
+        if self.reader_task.load(Relaxed) != current {
+            self.reader_task.store(current, SeqCst);
         }
     }
 
@@ -92,6 +107,34 @@ impl Route {
             self.task.wake();
         }
     }
+}
+
+/// The current task's id as a number (0 outside a task). Tokio's task id
+/// hashes as the `u64` it is; a hasher that keeps what it is given reads it.
+fn task_bits() -> u64 {
+    /// Keeps the last `u64` written.
+    #[derive(Default)]
+    struct Bits(u64);
+    impl Hasher for Bits {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            // Not how a task id hashes today; any stable mix keeps ids apart.
+            for &byte in bytes {
+                self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+            }
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+    }
+    tokio::task::try_id().map_or(0, |id| {
+        let mut bits = Bits::default();
+        id.hash(&mut bits);
+        // An id is never 0 (it is a `NonZeroU64`); keep 0 for "none".
+        bits.finish().max(1)
+    })
 }
 
 impl Wake for Route {
@@ -115,17 +158,23 @@ impl Wake for Route {
 }
 
 impl Pump {
-    pub(super) fn new(drive: impl Future<Output = ()> + Send + 'static) -> Arc<Pump> {
+    /// The pump of the drive `make` returns; the drive gets its [`Turn`].
+    pub(super) fn new<F>(make: impl FnOnce(Turn) -> F) -> Arc<Pump>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
         let route = Arc::new(Route {
             // The first poll starts it.
             woken: AtomicBool::new(true),
+            yielded: AtomicBool::new(false),
             reading: AtomicBool::new(false),
             polling: AtomicU8::new(NOBODY),
             done: AtomicBool::new(false),
             reader: AtomicWaker::new(),
-            reader_task: Mutex::new(None),
+            reader_task: AtomicU64::new(0),
             task: AtomicWaker::new(),
         });
+        let drive = make(Turn(Arc::clone(&route)));
         Arc::new(Pump {
             drive: Mutex::new(Some(Box::pin(drive))),
             waker: Waker::from(Arc::clone(&route)),
@@ -160,8 +209,21 @@ impl Pump {
     /// woken (by this task's acks, say), which then wakes nobody.
     pub(super) fn poke(&self) {
         self.route.set_reader_task();
-        if self.route.woken.load(SeqCst) {
+        if self.route.woken.load(SeqCst) || self.route.yielded.load(SeqCst) {
             self.run(READER);
+        }
+    }
+
+    /// The reader will not read for a while (it waits for the receive flow,
+    /// or the connection closes): what waits for its next read — a drive
+    /// that yielded to it, a wake-up its own acks caused — goes to the
+    /// connection task. (Without this, the acks a stopping app made last
+    /// waited for a read that never came, and its DISCONNECT with them.)
+    pub(super) fn release(&self) {
+        let yielded = self.route.yielded.swap(false, SeqCst);
+        if yielded || self.route.woken.load(SeqCst) {
+            self.route.woken.store(true, SeqCst);
+            self.route.task.wake();
         }
     }
 
@@ -200,7 +262,12 @@ impl Pump {
             }
         };
         self.route.polling.store(who, SeqCst);
-        if self.route.woken.swap(false, SeqCst)
+        let woken = self.route.woken.swap(false, SeqCst);
+        // A drive that yielded to the reader waits for the reader's read
+        // (or a wake-up); whoever polls it takes the yield.
+        let yielded = (woken || who == READER) && self.route.yielded.swap(false, SeqCst);
+        let go = woken || yielded;
+        if go
             && let Some(future) = drive.as_mut()
             && future
                 .as_mut()
@@ -215,6 +282,39 @@ impl Pump {
         if self.route.woken.load(SeqCst) {
             self.route.hand_off();
         }
+    }
+}
+
+/// What the drive knows of who polls it.
+pub(super) struct Turn(Arc<Route>);
+
+impl Turn {
+    /// After the drive handed the reader a publish. Polled by the reader,
+    /// the drive stops here until the reader's next read (`poke` or
+    /// `ready`), as a raw loop stops polling its event loop while it handles
+    /// what it read: no poll that only registers for the next packet, and
+    /// no wake-up. Polled by the connection task, it goes on reading.
+    ///
+    /// While it stops, nothing of the event loop is registered but its
+    /// keep-alive timer (which wakes the connection task as before), so the
+    /// reader must come back. It does: a drive stops only with a publish in
+    /// the buffer, and the runtime takes it with its next `try_next` — at
+    /// once, or when a job permit, an idle worker or room in a thread's ring
+    /// comes free, none of which waits for this connection. Until then the
+    /// acks of other tasks (workers, threads) wait in the request channel,
+    /// as the deliveries do. A reader that stops reading (a paused receive
+    /// flow, a closing connection) calls [`Pump::release`].
+    pub(super) async fn yield_to_reader(&self) {
+        let mut yielded = false;
+        poll_fn(|_| {
+            if yielded || self.0.polling.load(SeqCst) != READER {
+                return Poll::Ready(());
+            }
+            yielded = true;
+            self.0.yielded.store(true, SeqCst);
+            Poll::Pending
+        })
+        .await;
     }
 }
 
@@ -234,7 +334,9 @@ impl Reader<'_> {
 }
 
 impl Drop for Reader<'_> {
-    /// Back to the connection task, with a wake-up the reader left.
+    /// Back to the connection task, with a wake-up the reader left. (A
+    /// drive that yielded to the reader stays with it: the reader leaves
+    /// with a publish at hand, to take it with `try_next`.)
     fn drop(&mut self) {
         let route = &self.0.route;
         route.reading.store(false, SeqCst);
@@ -257,7 +359,7 @@ mod tests {
     fn counting(go: Arc<Notify>, rounds: usize) -> (Arc<Pump>, Arc<AtomicUsize>) {
         let polls = Arc::new(AtomicUsize::new(0));
         let seen = Arc::clone(&polls);
-        let pump = Pump::new(async move {
+        let pump = Pump::new(|_| async move {
             for _ in 0..rounds {
                 seen.fetch_add(1, SeqCst);
                 go.notified().await;
@@ -397,6 +499,77 @@ mod tests {
             .expect("no panic");
     }
 
+    /// A drive that yields to the reader after each step, then waits for
+    /// `go`: counts the steps begun and the ones past the yield.
+    fn yielding(go: Arc<Notify>) -> (Arc<Pump>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (begun, past) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (b, p) = (Arc::clone(&begun), Arc::clone(&past));
+        let pump = Pump::new(move |turn| async move {
+            loop {
+                b.fetch_add(1, SeqCst);
+                turn.yield_to_reader().await;
+                p.fetch_add(1, SeqCst);
+                go.notified().await;
+            }
+        });
+        (pump, begun, past)
+    }
+
+    /// The reader polls first; the drive stops at its yield.
+    async fn read_once(pump: &Pump) {
+        let reader = pump.reader();
+        poll_fn(|cx| {
+            reader.poll(cx);
+            Poll::Ready(())
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_drive_that_yields_to_the_reader_waits_for_its_next_read() {
+        let go = Arc::new(Notify::new());
+        let (pump, begun, past) = yielding(Arc::clone(&go));
+        read_once(&pump).await;
+        assert_eq!((begun.load(SeqCst), past.load(SeqCst)), (1, 0));
+        let task = tokio::spawn(Arc::clone(&pump).task());
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(past.load(SeqCst), 0, "nobody polls it but the reader");
+        pump.poke();
+        assert_eq!(past.load(SeqCst), 1, "the reader's next read goes on");
+        // Woken from elsewhere, the connection task polls, and does not
+        // stop at the yield.
+        go.notify_one();
+        eventually("the task's poll past the yield", || past.load(SeqCst) == 2).await;
+        assert_eq!(begun.load(SeqCst), 2);
+        pump.stop();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the task ends once stopped")
+            .expect("no panic");
+    }
+
+    #[tokio::test]
+    async fn a_released_drive_goes_on_in_the_connection_task() {
+        let go = Arc::new(Notify::new());
+        let (pump, _, past) = yielding(go);
+        read_once(&pump).await;
+        let task = tokio::spawn(Arc::clone(&pump).task());
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(past.load(SeqCst), 0, "it waits for the reader");
+        // The reader will not read for a while (paused flow, close).
+        pump.release();
+        eventually("the task's poll past the yield", || past.load(SeqCst) == 1).await;
+        pump.stop();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the task ends once stopped")
+            .expect("no panic");
+    }
+
     #[tokio::test]
     async fn stop_drops_a_drive_that_never_ends() {
         struct Dropped(Arc<AtomicBool>);
@@ -407,7 +580,7 @@ mod tests {
         }
         let dropped = Arc::new(AtomicBool::new(false));
         let guard = Dropped(Arc::clone(&dropped));
-        let pump = Pump::new(async move {
+        let pump = Pump::new(|_| async move {
             let _guard = guard;
             std::future::pending::<()>().await;
         });

@@ -79,30 +79,41 @@ impl Buffer {
         self.reader.wake();
         self.room.notify_waiters();
     }
+
+    /// Buffers `publish` (taking it) unless the buffer is full; `true` when
+    /// done with it (buffered, or dropped after close).
+    fn try_deliver(&self, publish: &mut Option<(Publish, u64)>) -> bool {
+        if self.closed.load(Ordering::Acquire) {
+            // Nobody takes it: unacked, it comes back next session.
+            return true;
+        }
+        let mut queue = self.lock();
+        if queue.len() >= self.capacity {
+            return false;
+        }
+        let was_empty = queue.is_empty();
+        queue.push_back(publish.take().expect("pushed once"));
+        drop(queue);
+        // The reader waits only on an empty buffer (and is not waiting
+        // while it polls the event loop itself).
+        if was_empty && self.waiting.load(Ordering::SeqCst) {
+            self.reader.wake();
+        }
+        true
+    }
 }
 
 impl Inbound for Buffer {
     async fn deliver(&self, publish: Publish, epoch: u64) {
         let mut publish = Some((publish, epoch));
+        // The first try registers nothing: the buffer is seldom full.
+        if self.try_deliver(&mut publish) {
+            return;
+        }
         loop {
             let room = self.room.notified();
-            {
-                if self.closed.load(Ordering::Acquire) {
-                    // Nobody takes it: unacked, it comes back next session.
-                    return;
-                }
-                let mut queue = self.lock();
-                if queue.len() < self.capacity {
-                    let was_empty = queue.is_empty();
-                    queue.push_back(publish.take().expect("pushed once"));
-                    drop(queue);
-                    // The reader waits only on an empty buffer (and is not
-                    // waiting while it polls the event loop itself).
-                    if was_empty && self.waiting.load(Ordering::SeqCst) {
-                        self.reader.wake();
-                    }
-                    return;
-                }
+            if self.try_deliver(&mut publish) {
+                return;
             }
             room.await;
         }
@@ -220,7 +231,11 @@ impl Subscription for MqttSubscription {
     /// Waits until the receive flow runs and a received publish is at hand,
     /// polling the connection's event loop meanwhile.
     async fn ready(&mut self) -> bool {
-        if let Some(flow) = &self.flow {
+        if let Some(flow) = &self.flow
+            && flow.is_paused()
+        {
+            // No reads for a while: the connection task drives meanwhile.
+            self.shared.conn.pump().release();
             flow.running().await;
         }
         let reader = self.shared.conn.pump().reader();
