@@ -263,6 +263,10 @@ impl<'h, H: Harness> Suite<'h, H> {
             },
         )
         .await;
+        check!(
+            acks_of_a_consumer_that_leaves_are_kept,
+            caps.redelivers_unsettled && caps.queue_groups
+        );
         check!(headers_key_and_correlation_id_round_trip, true);
         check!(reject_dead_letters_with_the_reason, caps.dead_letter);
         check!(wildcards_match_one_and_many_tokens, caps.wildcards);

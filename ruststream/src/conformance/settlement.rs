@@ -147,3 +147,46 @@ pub(super) async fn unsettled_delivery_of_a_dropped_consumer_is_redelivered<B: B
         format!("redelivery: payload {got:?}, attempt {attempt} (expected \"orphan\", 2)")
     })
 }
+
+/// A consumer that acks a few deliveries and goes away with more in hand
+/// or in flight: the other member of its queue group gets exactly the
+/// others. Acks settle when they are made, not when the consumer next reads
+/// (bindings that coalesce or defer acks send them before it leaves).
+pub(super) async fn acks_of_a_consumer_that_leaves_are_kept<B: Broker>(
+    broker: &B,
+    p: &str,
+) -> Outcome {
+    const SENT: usize = 10;
+    const ACKED: usize = 3;
+    let subject = format!("{p}.leave");
+    let options = || SubscribeOptions::new(subject.as_str()).queue_group("stay");
+    let mut first = subscribe(broker, options()).await?;
+    for i in 0..SENT {
+        publish(broker, &subject, &i.to_string()).await?;
+    }
+    let mut acked = Vec::new();
+    for _ in 0..ACKED {
+        let d = next(&mut first, "a message for the first member").await?;
+        acked.push(text(&d));
+        d.ack().await.map_err(failed("ack"))?;
+    }
+    // The group keeps a member (a group without one keeps nothing on some
+    // brokers), which reads only after the first one has left.
+    let mut second = subscribe(broker, options()).await?;
+    drop(first);
+    let mut rest = Vec::new();
+    while rest.len() < SENT - ACKED {
+        let d = next(&mut second, "the messages the first member left").await?;
+        let got = text(&d);
+        d.ack().await.map_err(failed("ack"))?;
+        if acked.contains(&got) {
+            return Err(format!(
+                "{got:?} was acked by a member that then left, and delivered again"
+            ));
+        }
+        if !rest.contains(&got) {
+            rest.push(got);
+        }
+    }
+    Ok(())
+}
