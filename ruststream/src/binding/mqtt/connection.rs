@@ -34,7 +34,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::convert::{ack_of, valid_topic};
-use super::pump::{Pump, Turn};
+use super::drive::drive;
+use super::pump::Pump;
 use super::room::Room;
 use crate::{Error, Result};
 
@@ -98,7 +99,7 @@ pub(super) struct Connection {
     /// Room in the request channel, announced by the event loop.
     room: Room,
     /// `true` while connected.
-    up: watch::Sender<bool>,
+    pub(super) up: watch::Sender<bool>,
     closed: AtomicBool,
     /// `true` once [`close`](Connection::close) has finished (or was
     /// cancelled): a second caller waits for it.
@@ -111,7 +112,8 @@ pub(super) struct Connection {
     pump: OnceLock<Arc<Pump>>,
     /// [`Inbound::close`] of where received publishes go.
     close_inbound: Box<dyn Fn() + Send + Sync>,
-    label: String,
+    /// Names the connection in logs.
+    pub(super) label: String,
 }
 
 impl Connection {
@@ -219,7 +221,7 @@ impl Connection {
     /// Sends SUBSCRIBE for `filters` (in the request channel at once; the
     /// receiver resolves with the SUBACK). `fresh`: the broker keeps no
     /// subscription of ours, so retained messages are wanted.
-    fn subscribe(
+    pub(super) fn subscribe(
         &self,
         mut filters: Vec<Filter>,
         fresh: bool,
@@ -346,7 +348,7 @@ impl Connection {
     }
 
     /// Sends deferred acks while the request channel has room.
-    fn flush_acks(&self) {
+    pub(super) fn flush_acks(&self) {
         if !self.deferred.load(Ordering::Acquire) {
             return;
         }
@@ -446,7 +448,7 @@ impl Connection {
     }
 
     /// Bookkeeping for one event of the event loop.
-    fn on_event(&self, event: &Event) {
+    pub(super) fn on_event(&self, event: &Event) {
         match event {
             Event::Outgoing(
                 Outgoing::Publish(_) | Outgoing::AwaitAck(_) | Outgoing::Subscribe(_),
@@ -534,7 +536,7 @@ impl Connection {
     /// The connection broke: drop what `rumqttc` kept to send again (and
     /// what reached its channel since), end the epoch, fail the waiting
     /// publishes so their callers send them again.
-    fn on_break<I: Inbound>(&self, eventloop: &mut EventLoop, inbound: &I) {
+    pub(super) fn on_break<I: Inbound>(&self, eventloop: &mut EventLoop, inbound: &I) {
         {
             let mut state = self.lock();
             eventloop.clean();
@@ -547,69 +549,6 @@ impl Connection {
         inbound.reset();
         self.fail_all(|| Err(Lost));
         self.room.wake_all();
-    }
-}
-
-/// The event-loop task: polls until closed, reconnecting with backoff.
-async fn drive<I: Inbound>(
-    conn: Arc<Connection>,
-    mut eventloop: EventLoop,
-    inbound: Arc<I>,
-    filters: Vec<Filter>,
-    (first_backoff, max_backoff): (Duration, Duration),
-    turn: Turn,
-) {
-    let mut backoff = first_backoff;
-    let mut epoch = 0;
-    loop {
-        match eventloop.poll().await {
-            Ok(Event::Incoming(Packet::Publish(publish))) => {
-                // Only this task ends an epoch (`on_break`): its own count
-                // is the current one, no lock needed.
-                inbound.deliver(publish, epoch).await;
-                turn.yield_to_reader().await;
-            }
-            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                backoff = first_backoff;
-                crate::metrics::connection_event("mqtt", "reconnected");
-                tracing::info!(conn = %conn.label, session_present = ack.session_present, "MQTT reconnected");
-                conn.up.send_replace(true);
-                if !filters.is_empty() {
-                    // Subscribe again, also when the broker kept the
-                    // session: Mosquitto 2.0 restores a persisted session
-                    // without its shared subscriptions. Subscribing again
-                    // replaces a subscription, and loses nothing.
-                    match conn.subscribe(filters.clone(), !ack.session_present) {
-                        Ok(_suback) => {
-                            tracing::info!(conn = %conn.label, "MQTT subscriptions restored")
-                        }
-                        Err(err) => {
-                            tracing::warn!(conn = %conn.label, error = %err, "MQTT resubscribe failed")
-                        }
-                    }
-                }
-            }
-            Ok(event) => {
-                conn.on_event(&event);
-                if let Event::Outgoing(_) = event {
-                    conn.flush_acks();
-                }
-            }
-            Err(err) => {
-                if conn.is_closed() {
-                    break;
-                }
-                crate::metrics::connection_event("mqtt", "disconnected");
-                tracing::warn!(conn = %conn.label, error = %err, retry_in = ?backoff, "MQTT connection lost; reconnecting");
-                conn.on_break(&mut eventloop, &*inbound);
-                epoch += 1;
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(max_backoff);
-                if conn.is_closed() {
-                    break;
-                }
-            }
-        }
     }
 }
 

@@ -74,6 +74,7 @@ mod builder;
 mod connection;
 mod convert;
 mod delivery;
+mod drive;
 mod pump;
 mod reply;
 mod room;

@@ -368,6 +368,14 @@ mod tests {
         (pump, polls)
     }
 
+    /// The connection task ends within a bound.
+    async fn ends(task: tokio::task::JoinHandle<()>, what: &str) {
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: not within 5 s"))
+            .expect("no panic");
+    }
+
     async fn eventually(what: &str, check: impl Fn() -> bool) {
         tokio::time::timeout(Duration::from_secs(5), async {
             while !check() {
@@ -389,10 +397,7 @@ mod tests {
         go.notify_one();
         eventually("the third poll", || polls.load(SeqCst) == 3).await;
         go.notify_one();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the task ends with the drive")
-            .expect("no panic");
+        ends(task, "the task ends with the drive").await;
         assert!(pump.is_done());
     }
 
@@ -433,10 +438,7 @@ mod tests {
         go.notify_one();
         eventually("the last poll", || polls.load(SeqCst) == 4).await;
         go.notify_one();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the task ends with the drive")
-            .expect("no panic");
+        ends(task, "the task ends with the drive").await;
     }
 
     #[tokio::test]
@@ -458,10 +460,7 @@ mod tests {
         }
         eventually("the task's poll", || polls.load(SeqCst) == 2).await;
         go.notify_one();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the task ends with the drive")
-            .expect("no panic");
+        ends(task, "the task ends with the drive").await;
     }
 
     #[tokio::test]
@@ -493,10 +492,7 @@ mod tests {
         go.notify_one();
         eventually("the task's poll", || polls.load(SeqCst) == 3).await;
         go.notify_one();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the task ends with the drive")
-            .expect("no panic");
+        ends(task, "the task ends with the drive").await;
     }
 
     /// A drive that yields to the reader after each step, then waits for
@@ -544,10 +540,7 @@ mod tests {
         eventually("the task's poll past the yield", || past.load(SeqCst) == 2).await;
         assert_eq!(begun.load(SeqCst), 2);
         pump.stop();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the task ends once stopped")
-            .expect("no panic");
+        ends(task, "the task ends once stopped").await;
     }
 
     #[tokio::test]
@@ -564,10 +557,7 @@ mod tests {
         pump.release();
         eventually("the task's poll past the yield", || past.load(SeqCst) == 1).await;
         pump.stop();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the task ends once stopped")
-            .expect("no panic");
+        ends(task, "the task ends once stopped").await;
     }
 
     #[tokio::test]
@@ -587,9 +577,6 @@ mod tests {
         let task = tokio::spawn(Arc::clone(&pump).task());
         pump.stop();
         assert!(dropped.load(SeqCst), "the drive was dropped");
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the task ends once stopped")
-            .expect("no panic");
+        ends(task, "the task ends once stopped").await;
     }
 }
