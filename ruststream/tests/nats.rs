@@ -539,3 +539,27 @@ async fn a_jetstream_batch_takes_the_received_messages_of_its_pull() {
     let js_context = async_nats::jetstream::new(nats().await.client().clone());
     let _ = js_context.delete_stream(stream_name(&prefix)).await;
 }
+
+/// A graceful stop with messages still in the stream or pulled ahead
+/// (RT-9): the next app gets exactly the messages the first one did not
+/// handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jetstream_stop_mid_stream_acks_everything_it_handled() {
+    let prefix = unique("stopmid");
+    let subject = format!("{prefix}.jobs");
+    let connect = || async { memory_stream(&prefix, 64).await };
+    let config = SubscriberConfig::new(subject.as_str()).queue_group("stoppers");
+    let publisher = connect().await;
+    common::faults::stopped_mid_stream(connect, config, 60, |i| {
+        let (publisher, subject) = (publisher.clone(), subject.clone());
+        async move {
+            let job = Message::new(common::faults::job(&i.to_string()));
+            publisher
+                .publish_message(&subject, job, None)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+    publisher.delete_stream().await.unwrap();
+}

@@ -751,3 +751,24 @@ async fn messages_from_bound_exchanges_of_every_kind_reach_subscribers() {
     }
     rabbit.close().await.unwrap();
 }
+
+/// A graceful stop with jobs still queued or prefetched (RT-9): the next
+/// app gets exactly the jobs the first one did not handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_mid_stream_acks_everything_it_handled() {
+    let subject = unique("stop.mid");
+    let config = SubscriberConfig::new(subject.as_str()).queue_group("stoppers");
+    let publisher = rabbit().await;
+    common::faults::stopped_mid_stream(rabbit, config, 60, |i| {
+        let (publisher, subject) = (publisher.clone(), subject.clone());
+        async move {
+            let job = Message::new(common::faults::job(&i.to_string()));
+            publisher
+                .publish_message(&subject, job, None)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+    publisher.close().await.unwrap();
+}

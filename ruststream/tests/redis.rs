@@ -450,3 +450,31 @@ async fn a_batch_handler_takes_a_backlog_in_batches_and_its_failed_batch_comes_b
     assert_eq!(groups.groups[0].pending, 0, "every record acked");
     delete_keys(&url(), "rs_test.redis.batch").await;
 }
+
+/// A graceful stop with entries still unread or read ahead (RT-9): the
+/// next app gets exactly the entries the first one did not handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_mid_stream_acks_everything_it_handled() {
+    let subject = unique("stop.mid");
+    let config =
+        ruststream::subscriber::SubscriberConfig::new(subject.as_str()).queue_group("stoppers");
+    let publisher = redis_at(&url()).await;
+    common::faults::stopped_mid_stream(
+        || async { redis_at(&url()).await },
+        config,
+        60,
+        |i| {
+            let (publisher, subject) = (publisher.clone(), subject.clone());
+            async move {
+                let job = Message::new(common::faults::job(&i.to_string()));
+                publisher
+                    .publish_message(&subject, job, None)
+                    .await
+                    .unwrap();
+            }
+        },
+    )
+    .await;
+    publisher.close().await.unwrap();
+    delete_keys(&url(), &subject).await;
+}

@@ -42,6 +42,8 @@ pub enum Behaviour {
     /// Never settles a job: the handler waits forever (a test kills the
     /// process with the jobs in flight).
     Hold,
+    /// Takes a few milliseconds per job, so jobs queue up behind it.
+    Slow,
 }
 
 /// The subscriber of the app under test. A job whose id starts with
@@ -85,8 +87,10 @@ impl SendSubscriber for Recorder {
         let behaviour = self.behaviour;
         let to_stdout = self.seen.is_none();
         async move {
-            if behaviour == Behaviour::Hold {
-                std::future::pending::<()>().await;
+            match behaviour {
+                Behaviour::Hold => std::future::pending::<()>().await,
+                Behaviour::Slow => tokio::time::sleep(Duration::from_millis(5)).await,
+                Behaviour::Handle => {}
             }
             if to_stdout {
                 println!("handled {}", job.id);
@@ -522,4 +526,65 @@ pub async fn crash_loop<P: Future<Output = ()>>(
     app.kill().await;
     eprintln!("crash loop: {crashes} crashed instances, then the dead letter: {reason}");
     reason
+}
+
+/// A graceful stop mid-stream (RT-9): an app whose handler takes a few
+/// milliseconds per job starts on `n` jobs (published by `publish(i)`
+/// once it is up) and is shut down after a few, with the rest at the
+/// broker or read ahead; a second app on a fresh connection (`connect`)
+/// gets exactly the rest. Nothing the first one handled comes back: every
+/// ack it made reached the broker before its connection closed.
+pub async fn stopped_mid_stream<B, C, P>(
+    connect: impl Fn() -> C,
+    config: SubscriberConfig,
+    n: usize,
+    publish: impl Fn(usize) -> P,
+) where
+    B: Broker,
+    C: Future<Output = B>,
+    P: Future<Output = ()>,
+{
+    let (seen_tx, mut seen) = unbounded_channel();
+    let running = App::new()
+        .broker(connect().await)
+        .subscriber(Recorder {
+            config: config.clone(),
+            behaviour: Behaviour::Slow,
+            seen: Some(seen_tx),
+        })
+        .start()
+        .await
+        .unwrap();
+    for i in 0..n {
+        publish(i).await;
+    }
+    let mut first = BTreeSet::new();
+    while first.len() < 5 {
+        let (id, _) = within(10, "a few jobs handled", seen.recv()).await.unwrap();
+        first.insert(id);
+    }
+    // Handlers in hand finish (and ack) before the brokers close.
+    running.shutdown().await.unwrap();
+    while let Ok((id, _)) = seen.try_recv() {
+        first.insert(id);
+    }
+    assert!(first.len() < n, "the stop came before the last job");
+
+    let (seen_tx, mut seen) = unbounded_channel();
+    let running = start_app(connect().await, config, seen_tx).await;
+    let mut second = BTreeSet::new();
+    while first.len() + second.len() < n {
+        // Within seconds: what the first app read ahead and never handled
+        // goes back when it stops, not after the broker's redelivery timeout
+        // (JetStream's `ack_wait`, 30 s by default).
+        let (id, _) = within(10, "the jobs the first app left", seen.recv())
+            .await
+            .unwrap();
+        assert!(
+            !first.contains(&id),
+            "job {id} was handled before the stop and delivered again"
+        );
+        second.insert(id);
+    }
+    running.shutdown().await.unwrap();
 }

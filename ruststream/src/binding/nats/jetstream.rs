@@ -540,19 +540,34 @@ impl Delivery for JetStreamDelivery {
 
 impl Drop for JetStreamDelivery {
     fn drop(&mut self) {
-        let Some(acker) = self.acker.take() else {
-            return;
-        };
         // Unsettled (a handler aborted by the shutdown timeout, a dropped
-        // consumer): ask for redelivery soon. Without a runtime the server
-        // redelivers after `ack_wait` anyway.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let nak = AckKind::Nak(Some(UNSETTLED_REDELIVERY));
-                if let Err(err) = acker.ack_with(nak).await {
-                    tracing::debug!(error = %err, "nak of an unsettled JetStream delivery failed");
-                }
-            });
+        // consumer): ask for redelivery soon.
+        if let Some(acker) = self.acker.take() {
+            nak_soon(acker);
         }
+    }
+}
+
+impl Drop for JetStreamSubscription {
+    /// What the open pull received and the runtime never took goes back
+    /// now, so the next consumer (the app's next run, another member) gets
+    /// it at once rather than after `ack_wait`.
+    fn drop(&mut self) {
+        for message in self.puller.received(self.batch.as_mut()) {
+            nak_soon(message.split().1);
+        }
+    }
+}
+
+/// Asks the server to redeliver a message soon. Spawned, as a drop cannot
+/// wait; without a runtime the server redelivers after `ack_wait` anyway.
+fn nak_soon(acker: jetstream::message::Acker) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            let nak = AckKind::Nak(Some(UNSETTLED_REDELIVERY));
+            if let Err(err) = acker.ack_with(nak).await {
+                tracing::debug!(error = %err, "nak of an unsettled JetStream delivery failed");
+            }
+        });
     }
 }

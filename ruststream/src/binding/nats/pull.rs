@@ -112,6 +112,21 @@ impl Puller {
         Some(message)
     }
 
+    /// What was received and never handed out (held back, or left in the
+    /// open pull), for a subscription that goes away to give back.
+    pub(super) fn received(
+        &mut self,
+        batch: Option<&mut consumer::pull::Batch>,
+    ) -> Vec<jetstream::Message> {
+        let mut received: Vec<_> = self.held.take().into_iter().collect();
+        if let Some(batch) = batch {
+            while let Some(Some(Ok(message))) = batch.next().now_or_never() {
+                received.push(message);
+            }
+        }
+        received
+    }
+
     /// The next message of the open pull; `None` once it is over: complete,
     /// expired, or lost with a connection that has come back since.
     ///
