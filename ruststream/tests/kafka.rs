@@ -443,3 +443,30 @@ async fn a_refused_commit_reads_the_record_again_and_hands_it_out_once() {
     let extra = tokio::time::timeout(Duration::from_millis(300), sub.next()).await;
     assert!(extra.is_err(), "a record came twice");
 }
+
+/// A graceful stop with records still unread or read ahead (RT-9): the
+/// next app in the group starts after what the first one handled (its
+/// commits went out before it left) and gets exactly the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_mid_stream_commits_everything_it_handled() {
+    let mock = MockKafka::start(1);
+    let bootstrap = mock.bootstrap();
+    let topic = unique("stopmid.");
+    let config =
+        ruststream::subscriber::SubscriberConfig::new(topic.as_str()).queue_group("stoppers");
+    let publisher = kafka_at(&bootstrap).await;
+    common::faults::stopped_mid_stream(
+        || kafka_at(&bootstrap),
+        config,
+        60,
+        |i| {
+            let (publisher, topic) = (publisher.clone(), topic.clone());
+            async move {
+                let job = Message::new(common::faults::job(&i.to_string()));
+                publisher.publish_message(&topic, job, None).await.unwrap();
+            }
+        },
+    )
+    .await;
+    publisher.close().await.unwrap();
+}
