@@ -455,18 +455,6 @@ async fn a_stop_mid_stream_commits_everything_it_handled() {
     let config =
         ruststream::subscriber::SubscriberConfig::new(topic.as_str()).queue_group("stoppers");
     let publisher = kafka_at(&bootstrap).await;
-    common::faults::stopped_mid_stream(
-        || kafka_at(&bootstrap),
-        config,
-        60,
-        |i| {
-            let (publisher, topic) = (publisher.clone(), topic.clone());
-            async move {
-                let job = Message::new(common::faults::job(&i.to_string()));
-                publisher.publish_message(&topic, job, None).await.unwrap();
-            }
-        },
-    )
-    .await;
+    common::faults::stopped_mid_stream(|| kafka_at(&bootstrap), &publisher, config, 60).await;
     publisher.close().await.unwrap();
 }

@@ -564,16 +564,6 @@ async fn a_jetstream_stop_mid_stream_acks_everything_it_handled() {
     };
     let config = SubscriberConfig::new(subject.as_str()).queue_group("stoppers");
     let publisher = connect().await;
-    common::faults::stopped_mid_stream(connect, config, 60, |i| {
-        let (publisher, subject) = (publisher.clone(), subject.clone());
-        async move {
-            let job = Message::new(common::faults::job(&i.to_string()));
-            publisher
-                .publish_message(&subject, job, None)
-                .await
-                .unwrap();
-        }
-    })
-    .await;
+    common::faults::stopped_mid_stream(connect, &publisher, config, 60).await;
     publisher.delete_stream().await.unwrap();
 }

@@ -759,16 +759,6 @@ async fn a_stop_mid_stream_acks_everything_it_handled() {
     let subject = unique("stop.mid");
     let config = SubscriberConfig::new(subject.as_str()).queue_group("stoppers");
     let publisher = rabbit().await;
-    common::faults::stopped_mid_stream(rabbit, config, 60, |i| {
-        let (publisher, subject) = (publisher.clone(), subject.clone());
-        async move {
-            let job = Message::new(common::faults::job(&i.to_string()));
-            publisher
-                .publish_message(&subject, job, None)
-                .await
-                .unwrap();
-        }
-    })
-    .await;
+    common::faults::stopped_mid_stream(rabbit, &publisher, config, 60).await;
     publisher.close().await.unwrap();
 }

@@ -459,22 +459,8 @@ async fn a_stop_mid_stream_acks_everything_it_handled() {
     let config =
         ruststream::subscriber::SubscriberConfig::new(subject.as_str()).queue_group("stoppers");
     let publisher = redis_at(&url()).await;
-    common::faults::stopped_mid_stream(
-        || async { redis_at(&url()).await },
-        config,
-        60,
-        |i| {
-            let (publisher, subject) = (publisher.clone(), subject.clone());
-            async move {
-                let job = Message::new(common::faults::job(&i.to_string()));
-                publisher
-                    .publish_message(&subject, job, None)
-                    .await
-                    .unwrap();
-            }
-        },
-    )
-    .await;
+    common::faults::stopped_mid_stream(|| async { redis_at(&url()).await }, &publisher, config, 60)
+        .await;
     publisher.close().await.unwrap();
     delete_keys(&url(), &subject).await;
 }

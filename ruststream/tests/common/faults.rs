@@ -529,20 +529,19 @@ pub async fn crash_loop<P: Future<Output = ()>>(
 }
 
 /// A graceful stop mid-stream (RT-9): an app whose handler takes a few
-/// milliseconds per job starts on `n` jobs (published by `publish(i)`
-/// once it is up) and is shut down after a few, with the rest at the
-/// broker or read ahead; a second app on a fresh connection (`connect`)
-/// gets exactly the rest. Nothing the first one handled comes back: every
-/// ack it made reached the broker before its connection closed.
-pub async fn stopped_mid_stream<B, C, P>(
+/// milliseconds per job starts on `n` jobs (published to its subject by
+/// `publisher` once it is up) and is shut down after a few, with the rest
+/// at the broker or read ahead; a second app on a fresh connection
+/// (`connect`) gets exactly the rest. Nothing the first one handled comes
+/// back: every ack it made reached the broker before its connection closed.
+pub async fn stopped_mid_stream<B, C>(
     connect: impl Fn() -> C,
+    publisher: &impl Broker,
     config: SubscriberConfig,
     n: usize,
-    publish: impl Fn(usize) -> P,
 ) where
     B: Broker,
     C: Future<Output = B>,
-    P: Future<Output = ()>,
 {
     let (seen_tx, mut seen) = unbounded_channel();
     let running = App::new()
@@ -556,7 +555,11 @@ pub async fn stopped_mid_stream<B, C, P>(
         .await
         .unwrap();
     for i in 0..n {
-        publish(i).await;
+        let job = Message::new(job(&i.to_string()));
+        publisher
+            .publish_message(config.subject().as_str(), job, None)
+            .await
+            .unwrap();
     }
     let mut first = BTreeSet::new();
     while first.len() < 5 {
