@@ -22,7 +22,7 @@ use common::{install_metrics, within};
 use futures_util::StreamExt;
 use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
 use ruststream::subscriber::SubscriberConfig;
-use ruststream::{Broker, Envelope, Message, header};
+use ruststream::{Broker, Delivery, Envelope, Message, Subscription, header};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 const ACK_WAIT: Duration = Duration::from_secs(1);
@@ -483,4 +483,66 @@ async fn a_core_publish_to_a_frozen_server_ends_at_its_deadline() {
         started.elapsed()
     );
     server.freeze(false);
+}
+
+/// A core publish that had to wait for room goes out once, in its place,
+/// when room comes: the server frozen until a publish waits, then thawed;
+/// a subscriber gets every message exactly once and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_publish_that_waited_for_room_goes_out_once_in_order() {
+    let server = OwnServer::nats().await;
+    let nats = NatsBroker::connect(&url(&server)).await.unwrap();
+    let mut sub = nats
+        .subscribe(ruststream::SubscribeOptions::new("frozen.order"))
+        .await
+        .unwrap();
+    nats.client().flush().await.unwrap();
+    let (seen_tx, mut seen_rx) = unbounded_channel();
+    let reader = tokio::spawn(async move {
+        while let Some(delivery) = sub.next().await {
+            let n: u64 = std::str::from_utf8(&delivery.envelope().payload()[..8])
+                .unwrap()
+                .parse()
+                .unwrap();
+            seen_tx.send(n).unwrap();
+            delivery.ack().await.unwrap();
+        }
+    });
+    server.freeze(true);
+    let message = |n: u64| {
+        let mut payload = format!("{n:08}").into_bytes();
+        payload.resize(4 * 1024, b'x');
+        Message::new(payload)
+    };
+    // Publish until one has to wait; it stays pending while frozen.
+    let mut n = 0;
+    #[allow(clippy::async_yields_async)] // the pending publish, awaited below
+    let waited = within(60, "a publish that waits for room", async {
+        loop {
+            let deadline = Some(tokio::time::Instant::now() + Duration::from_secs(60));
+            let mut publish = Box::pin(nats.publish_message("frozen.order", message(n), deadline));
+            if futures_util::poll!(publish.as_mut()).is_pending() {
+                break publish;
+            }
+            n += 1;
+            assert!(n < 100_000, "no publish had to wait for room");
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    server.freeze(false);
+    within(60, "the waiting publish", waited).await.unwrap();
+    nats.publish_message("frozen.order", message(n + 1), None)
+        .await
+        .unwrap();
+    nats.client().flush().await.unwrap();
+    let mut got = Vec::new();
+    within(60, "every message", async {
+        while got.len() as u64 != n + 2 {
+            got.push(seen_rx.recv().await.unwrap());
+        }
+    })
+    .await;
+    assert_eq!(got, (0..n + 2).collect::<Vec<_>>(), "once each, in order");
+    reader.abort();
 }

@@ -43,8 +43,10 @@ mod pull;
 mod reconnects;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions, Event};
@@ -272,78 +274,89 @@ impl NatsBroker {
     /// room until `deadline` (default: the publish timeout from when the
     /// buffer is found full — a publish that finds room reads no clock).
     /// What can be done before the first poll is done here, so the future
-    /// keeps little beside the client's own.
+    /// keeps only the outbound message.
     fn publish_core(
         &self,
         subject: &str,
         message: Message,
         deadline: Option<Instant>,
-    ) -> impl Future<Output = Result<()>> + Send + '_ {
-        let deadline = deadline.ok_or(self.publish_timeout);
-        let publish = self
-            .ensure_open()
-            .and_then(|()| self.client_publish(subject, message));
-        match publish {
-            Ok(publish) => futures_util::future::Either::Left(CorePublish {
-                publish,
-                deadline,
-                timer: None,
-            }),
-            Err(err) => futures_util::future::Either::Right(std::future::ready(Err(err))),
+    ) -> CorePublish<'_> {
+        let outbound = self.ensure_open().and_then(|()| outbound(subject, message));
+        CorePublish {
+            client: &self.client,
+            outbound: Some(outbound),
+            waiting: None,
+            deadline: deadline.ok_or(self.publish_timeout),
+            timer: None,
         }
     }
-
-    /// The client's own future for the one call that applies (made here,
-    /// not in an async block that would keep the arguments beside it).
-    fn client_publish(
-        &self,
-        subject: &str,
-        message: Message,
-    ) -> Result<impl Future<Output = std::result::Result<(), async_nats::PublishError>> + Send + '_>
-    {
-        use futures_util::future::Either::{Left, Right};
-        let headers = convert::headers(&message)?;
-        let reply = message.reply_to().map(|r| r.as_str().to_owned());
-        let payload = message.into_payload();
-        let subject = convert::publish_subject(subject);
-        Ok(match (reply, headers) {
-            (None, None) => Left(Left(self.client.publish(subject, payload))),
-            (None, Some(h)) => Left(Right(self.client.publish_with_headers(subject, h, payload))),
-            (Some(r), None) => Right(Left(self.client.publish_with_reply(subject, r, payload))),
-            (Some(r), Some(h)) => Right(Right(
-                self.client
-                    .publish_with_reply_and_headers(subject, r, h, payload),
-            )),
-        })
-    }
 }
 
-pin_project_lite::pin_project! {
-    /// A core publish: the client's future, and a timer armed only when the
-    /// client's write buffer is full (a publish that finds room never
-    /// touches the timer wheel).
-    struct CorePublish<F> {
-        #[pin]
-        publish: F,
-        // The deadline, or the timeout to count from the first wait.
-        deadline: std::result::Result<Instant, Duration>,
-        timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-    }
+/// The client's message for `message`: one shape for every case (reply,
+/// headers or neither).
+fn outbound(subject: &str, message: Message) -> Result<async_nats::message::OutboundMessage> {
+    let headers = convert::headers(&message)?;
+    let reply = message
+        .reply_to()
+        .map(|r| async_nats::Subject::from(r.as_str()));
+    Ok(async_nats::message::OutboundMessage {
+        subject: convert::publish_subject(subject),
+        reply,
+        payload: message.into_payload(),
+        headers,
+    })
 }
 
-impl<F> Future for CorePublish<F>
-where
-    F: Future<Output = std::result::Result<(), async_nats::PublishError>>,
-{
+/// The client's publish future, boxed: kept only by a publish that found
+/// the client's write buffer full.
+type ClientPublish<'a> =
+    Pin<Box<dyn Future<Output = std::result::Result<(), async_nats::PublishError>> + Send + 'a>>;
+
+/// A core publish. The client's own future is large (~750 bytes) and every
+/// caller's state would move it by value; here it is made and polled in
+/// place on the first poll, which finishes whenever the client's write
+/// buffer has room, and only a publish that must wait keeps one, boxed,
+/// with a timer armed then.
+pub(crate) struct CorePublish<'a> {
+    client: &'a async_nats::Client,
+    /// Not handed to the client yet (or why it cannot be).
+    outbound: Option<Result<async_nats::message::OutboundMessage>>,
+    waiting: Option<ClientPublish<'a>>,
+    /// The deadline, or the timeout to count from the first wait.
+    deadline: std::result::Result<Instant, Duration>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Future for CorePublish<'_> {
     type Output = Result<()>;
 
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<()>> {
-        let this = self.project();
-        if let std::task::Poll::Ready(result) = this.publish.poll(cx) {
-            return std::task::Poll::Ready(result.map_err(publish_error));
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        use async_nats::client::traits::Publisher;
+        let this = &mut *self;
+        let client = this.client;
+        if let Some(outbound) = this.outbound.take() {
+            let outbound = outbound?;
+            // The first attempt takes clones (reference counts): when it
+            // is pending it sent nothing (it waited for room), and the
+            // message goes on boxed.
+            let first = match (&outbound.reply, &outbound.headers) {
+                (None, None) => poll_once(
+                    client.publish(outbound.subject.clone(), outbound.payload.clone()),
+                    cx,
+                ),
+                _ => poll_once(client.publish_message(outbound.clone()), cx),
+            };
+            if let Poll::Ready(result) = first {
+                return Poll::Ready(result.map_err(publish_error));
+            }
+            this.waiting = Some(Box::pin(client.publish_message(outbound)));
+        }
+        let Some(waiting) = &mut this.waiting else {
+            panic!("publish future polled after completion");
+        };
+        if let Poll::Ready(result) = waiting.as_mut().poll(cx) {
+            this.waiting = None;
+            return Poll::Ready(result.map_err(publish_error));
         }
         let deadline = this
             .deadline
@@ -352,13 +365,19 @@ where
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         if timer.as_mut().poll(cx).is_ready() {
+            this.waiting = None;
             crate::metrics::deadline_exceeded("nats");
-            return std::task::Poll::Ready(Err(Error::DeadlineExceeded(
+            return Poll::Ready(Err(Error::DeadlineExceeded(
                 "the NATS client's write buffer stayed full until the deadline",
             )));
         }
-        std::task::Poll::Pending
+        Poll::Pending
     }
+}
+
+/// Polls `future` once, in place.
+fn poll_once<F: Future>(future: F, cx: &mut Context<'_>) -> Poll<F::Output> {
+    std::pin::pin!(future).poll(cx)
 }
 
 /// A publish the client refused: too large for the server is a structural
