@@ -1,5 +1,5 @@
 //! The locks, atomics and semaphore of the runtime's concurrent hand-offs
-//! (the job queue's permits, the owner FIFOs, the workers' mailboxes, the
+//! (the job queue's permits, the owner FIFOs, the subscription the workers share, the
 //! threads' rings). Built with `--cfg loom`, they are loom's, so the models
 //! in `loom_models` explore every interleaving of the real code.
 

@@ -4,7 +4,7 @@
 //! |---|---|---|---|
 //! | sequential | the loop task | 1 | none |
 //! | `batch(max, wait)` | the loop task | `max`, in one call | none: one permit per record |
-//! | `workers(n)` | `n` tasks on the app runtime | `n` | none: the loop polls only for an idle worker |
+//! | `workers(n)` | `n` tasks on the app runtime | `n` | none: an idle worker takes its next delivery itself |
 //! | `workers(n, by_key)` | `n` tasks, one key at a time each | `n` | `max_pending` deliveries in owner FIFOs |
 //! | `threads(n)` | `n` OS threads, own runtimes | `n` | `n × 8` in rings (`n × 9` with the ones in hand) |
 

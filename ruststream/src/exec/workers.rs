@@ -1,304 +1,404 @@
-//! `workers(n)`: the loop hands each delivery to one of `n` worker
-//! tasks, each with a mailbox of one. The loop first waits for an idle worker
-//! and only then takes a delivery from the broker, so at most `n` deliveries
-//! are in flight and none waits in the framework.
+//! `workers(n)`: `n` worker tasks share the subscription, and a worker
+//! takes its next delivery itself once it is idle, so at most `n`
+//! deliveries are in flight and none waits in the framework.
 //!
-//! The mailboxes and the idle stack share one small lock; the wake-ups are
-//! plain wakers kept under it, so a hand-off costs one lock and at most one
-//! wake in each direction, and the loop is woken only when it waits for an
-//! idle worker.
+//! With deliveries at hand, a worker claims one under the subscription's
+//! lock without a hand-off, a wake-up or a task switch: `n` busy workers
+//! cost about what the default loop costs. With nothing at hand (or no job
+//! permit free), one worker takes the subscription out and waits with it
+//! as the default loop waits — ready, then a permit, then the claim — while
+//! the other idle workers wait for it back; so a subscriber stands in the
+//! job queue's permit line once, however many workers it has. Given back,
+//! the subscription wakes one waiting worker, which takes the next delivery
+//! or waits with it in turn.
 
 use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::ops::{Deref, DerefMut};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use super::budget::Budget;
-use crate::binding::Broker;
+use crate::binding::{Broker, Subscription};
 use crate::host::Stop;
+use crate::ingress::{BorrowedPermit, JobQueue};
 use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::SendSubscriber;
 use crate::sync::{Mutex, MutexGuard};
 
 pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     unit: Arc<Unit<B, S>>,
-    mut subscription: B::Subscription,
+    subscription: B::Subscription,
     stop: Stop,
     n: usize,
 ) {
-    let jobs = Arc::clone(unit.app.jobs());
-    let pool = Arc::new(Pool::new(n));
-    // Closes the mailboxes however the loop ends (also when it is aborted):
-    // workers finish the delivery in hand, see the close and stop.
-    let closer = CloseOnDrop(Arc::clone(&pool));
-    let mut workers = Vec::with_capacity(n);
-    for id in 0..n {
-        let unit = Arc::clone(&unit);
-        let pool = Arc::clone(&pool);
-        workers.push(tokio::spawn(async move {
-            let _alive = Alive(&pool);
-            while let Some((delivery, permit)) = pool.recv(id).await {
-                match unit.check(&delivery) {
-                    Checked::Body(body) => {
-                        // JQ-4 step 5: the permit returns right before the handler.
-                        drop(permit);
-                        invoke!(&*unit, delivery, handle_send(body));
-                    }
-                    Checked::Early(early) => {
-                        Box::pin(unit.settle_early(delivery, early)).await;
-                        drop(permit);
-                    }
-                }
-            }
-        }));
-    }
-
-    // One stop waiter for the whole loop: registered once, not per wait.
-    let mut stopped = pin!(stop.wait());
-    let mut budget = Budget::new();
-    // An idle worker reserved by the last hand-off, if one was idle then.
-    let mut reserved = None;
-    loop {
-        // No race with `stop` here: a worker always ends its delivery, and the
-        // loop then sees the stop before it takes another one (`receive!`),
-        // so the loop ends exactly when it would have (after its workers).
-        let id = match reserved.take() {
-            Some(id) => id,
-            None => match pool.idle().await {
-                Some(id) => id,
-                None => break,
-            },
-        };
-        // Permit before receive (JQ-4); it travels with the delivery.
-        let Some((delivery, permit)) = super::receive!(
-            &mut subscription,
-            jobs,
-            jobs.try_acquire(),
-            jobs.acquire(),
-            &stop,
-            stopped.as_mut(),
-            &mut budget,
-        ) else {
-            break;
-        };
-        reserved = pool.hand(id, (delivery, permit));
-    }
-    drop(closer);
+    let shared = Arc::new(Shared::new(subscription));
+    // However this future ends (also when it is aborted), workers finish
+    // the delivery in hand and take no other.
+    let closer = CloseOnDrop(Arc::clone(&shared));
+    let workers: Vec<_> = (0..n)
+        .map(|_| {
+            let unit = Arc::clone(&unit);
+            let shared = Arc::clone(&shared);
+            let stop = stop.clone();
+            tokio::spawn(async move { work(&unit, &shared, &stop).await })
+        })
+        .collect();
     for worker in workers {
         if let Err(err) = worker.await {
             tracing::error!(subject = %unit.config.subject, error = %err, "worker ended abnormally");
         }
     }
+    drop(closer);
 }
 
-/// The workers' mailboxes and the idle stack.
-pub(crate) struct Pool<D> {
-    state: Mutex<PoolState<D>>,
+/// One worker: takes a delivery, runs it to settlement, and again, until
+/// `stop`, the end of the subscription or the close of `shared`.
+async fn work<B: Broker, S: SendSubscriber>(
+    unit: &Unit<B, S>,
+    shared: &Shared<B::Subscription>,
+    stop: &Stop,
+) {
+    let jobs = Arc::clone(unit.app.jobs());
+    // One stop waiter for the worker's whole life: registered once.
+    let mut stopped = pin!(stop.wait());
+    let mut budget = Budget::new();
+    while let Some((delivery, permit)) =
+        next(shared, &jobs, stop, stopped.as_mut(), &mut budget).await
+    {
+        match unit.check(&delivery) {
+            Checked::Body(body) => {
+                // JQ-4 step 5: the permit returns right before the handler.
+                drop(permit);
+                invoke!(unit, delivery, handle_send(body));
+            }
+            Checked::Early(early) => {
+                Box::pin(unit.settle_early(delivery, early)).await;
+                drop(permit);
+            }
+        }
+    }
 }
 
-struct PoolState<D> {
-    /// Workers waiting on an empty mailbox, each listed once.
-    idle: Vec<usize>,
-    mailboxes: Vec<Mailbox<D>>,
-    /// The loop, while it waits for an idle worker.
-    loop_waker: Option<Waker>,
-    /// Workers whose task still runs.
-    alive: usize,
+/// A worker's next delivery with the job permit taken before it was claimed
+/// (JQ-4); `None` once the worker is to end.
+async fn next<'j, T: Subscription>(
+    shared: &Shared<T>,
+    jobs: &'j JobQueue,
+    stop: &Stop,
+    mut stopped: Pin<&mut impl Future<Output = ()>>,
+    budget: &mut Budget,
+) -> Option<(T::Delivery, BorrowedPermit<'j>)> {
+    if budget.spend() {
+        tokio::task::yield_now().await;
+    }
+    // The path of a backlog: a free permit, and the delivery at hand claimed
+    // in place.
+    if let Some(permit) = jobs.try_acquire_borrowed() {
+        if jobs.saturated() {
+            budget.end_batch();
+        }
+        if stop.is_stopped() {
+            return None;
+        }
+        match shared.with(Subscription::try_next) {
+            Ok(Some(delivery)) => return Some((delivery, permit)),
+            Ok(None) | Err(Out::Taken) => drop(permit),
+            Err(Out::Closed) => return None,
+        }
+    }
+    // Otherwise wait with the subscription, as every loop waits; the other
+    // idle workers wait for it meanwhile.
+    let mut subscription = shared.take(stopped.as_mut()).await?;
+    super::receive!(
+        &mut *subscription,
+        jobs,
+        jobs.try_acquire_borrowed(),
+        jobs.acquire_borrowed(),
+        stop,
+        stopped.as_mut(),
+        budget,
+    )
+}
+
+/// Why the subscription is not at hand.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Out {
+    /// A worker has it out, waiting with it.
+    Taken,
+    /// Closed: workers take nothing more.
+    Closed,
+}
+
+/// The subscription the workers share.
+pub(crate) struct Shared<T> {
+    state: Mutex<Slot<T>>,
+}
+
+struct Slot<T> {
+    /// `None` while a worker has it out.
+    subscription: Option<T>,
+    /// Workers waiting for it back, oldest first, each under the token of
+    /// its wait.
+    waiting: Vec<(u64, Waker)>,
+    next_token: u64,
     closed: bool,
 }
 
-struct Mailbox<D> {
-    item: Option<D>,
-    /// The worker, while it waits on this mailbox.
-    waker: Option<Waker>,
-    /// True while the worker's id is on the idle stack.
-    listed: bool,
-    /// True from its reservation by the loop until its delivery arrives: a
-    /// reserved worker polled meanwhile must not list itself again.
-    reserved: bool,
-}
-
-impl<D> Pool<D> {
-    pub(crate) fn new(n: usize) -> Self {
-        Pool {
-            state: Mutex::new(PoolState {
-                idle: Vec::with_capacity(n),
-                mailboxes: (0..n)
-                    .map(|_| Mailbox {
-                        item: None,
-                        waker: None,
-                        listed: false,
-                        reserved: false,
-                    })
-                    .collect(),
-                loop_waker: None,
-                alive: n,
+impl<T> Shared<T> {
+    pub(crate) fn new(subscription: T) -> Self {
+        Shared {
+            state: Mutex::new(Slot {
+                subscription: Some(subscription),
+                waiting: Vec::new(),
+                next_token: 0,
                 closed: false,
             }),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, PoolState<D>> {
-        // No user code runs under this lock: a poisoned lock is consistent.
+    fn lock(&self) -> MutexGuard<'_, Slot<T>> {
+        // No user code runs under this lock (a binding's `try_next` does not
+        // panic): a poisoned lock is consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An idle worker, now reserved for the next delivery; `Err(true)` when
-    /// none is idle yet, `Err(false)` when none will ever be (all ended).
-    fn pop_idle(state: &mut PoolState<D>) -> Result<usize, bool> {
-        match state.idle.pop() {
-            Some(id) => {
-                let mailbox = &mut state.mailboxes[id];
-                mailbox.listed = false;
-                mailbox.reserved = true;
-                Ok(id)
-            }
-            None => Err(state.alive > 0),
+    /// `f` on the subscription, in place, if it is at hand.
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Result<R, Out> {
+        let mut slot = self.lock();
+        if slot.closed {
+            return Err(Out::Closed);
+        }
+        match slot.subscription.as_mut() {
+            Some(subscription) => Ok(f(subscription)),
+            None => Err(Out::Taken),
         }
     }
 
-    /// Waits for an idle worker; `None` once every worker has ended.
-    pub(crate) fn idle(&self) -> impl Future<Output = Option<usize>> + '_ {
-        poll_fn(|cx| {
-            let mut state = self.lock();
-            match Self::pop_idle(&mut state) {
-                Ok(id) => {
-                    state.loop_waker = None;
-                    Poll::Ready(Some(id))
-                }
-                Err(false) => Poll::Ready(None),
-                Err(true) => {
-                    register(&mut state.loop_waker, cx);
-                    Poll::Pending
-                }
-            }
+    /// Takes the subscription out, waiting while another worker has it;
+    /// `None` once closed or `stopped`. Given back when the [`Held`] drops.
+    pub(crate) async fn take(
+        &self,
+        mut stopped: Pin<&mut impl Future<Output = ()>>,
+    ) -> Option<Held<'_, T>> {
+        let mut wait = Wait {
+            shared: self,
+            token: None,
+        };
+        poll_fn(|cx| match wait.poll(cx) {
+            Poll::Ready(held) => Poll::Ready(held),
+            Poll::Pending => stopped.as_mut().poll(cx).map(|()| None),
         })
+        .await
     }
 
-    /// Puts a delivery into the mailbox of a worker reserved by
-    /// [`idle`](Self::idle), and wakes it. Under the same lock, reserves the
-    /// next idle worker if there is one, for the next delivery: the loop
-    /// then needs no lock of its own to find it. (A reserved worker waits
-    /// like any other; closing the mailboxes ends it.)
-    pub(crate) fn hand(&self, id: usize, delivery: D) -> Option<usize> {
-        let mut state = self.lock();
-        let next = Self::pop_idle(&mut state).ok();
-        let mailbox = &mut state.mailboxes[id];
-        debug_assert!(mailbox.item.is_none(), "an idle worker's mailbox is empty");
-        mailbox.item = Some(delivery);
-        mailbox.reserved = false;
-        // Woken by reference and left in place: the worker's next wait
-        // finds its own waker there and stores no clone. (Under the lock:
-        // a tokio waker only schedules the task, it never runs it here.)
-        if let Some(waker) = &mailbox.waker {
-            waker.wake_by_ref();
+    /// Workers take nothing more; the waiting ones are woken to see it.
+    pub(crate) fn close(&self) {
+        let mut slot = self.lock();
+        slot.closed = true;
+        let waiting = std::mem::take(&mut slot.waiting);
+        drop(slot);
+        for (_, waker) in waiting {
+            waker.wake();
         }
-        next
     }
+}
 
-    /// The next delivery of worker `id`: announces the worker idle (waking
-    /// the loop if it waits for one) and waits for its mailbox. `None` once
-    /// the mailboxes are closed and this one is empty.
-    // A plain `poll_fn` rather than an `async fn` around one: one future
-    // layer less to resume for every delivery.
-    pub(crate) fn recv(&self, id: usize) -> impl Future<Output = Option<D>> + '_ {
-        poll_fn(move |cx| self.poll_recv(id, cx))
-    }
+/// One worker's wait for the subscription. Dropped after it was woken
+/// for a subscription it never took (its wait ended by `stop`), it hands
+/// the wake-up on, so the subscription does not sit while others wait.
+struct Wait<'a, T> {
+    shared: &'a Shared<T>,
+    /// Set while listed as waiting.
+    token: Option<u64>,
+}
 
-    fn poll_recv(&self, id: usize, cx: &mut Context<'_>) -> Poll<Option<D>> {
-        let mut guard = self.lock();
-        let state = &mut *guard;
-        let mailbox = &mut state.mailboxes[id];
-        if let Some(item) = mailbox.item.take() {
-            return Poll::Ready(Some(item));
-        }
-        if state.closed {
+impl<'a, T> Wait<'a, T> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Held<'a, T>>> {
+        let mut guard = self.shared.lock();
+        let slot = &mut *guard;
+        if slot.closed {
+            self.leave(slot);
             return Poll::Ready(None);
         }
-        register(&mut mailbox.waker, cx);
-        if mailbox.listed || mailbox.reserved {
-            return Poll::Pending;
+        if let Some(subscription) = slot.subscription.take() {
+            self.leave(slot);
+            return Poll::Ready(Some(Held {
+                shared: self.shared,
+                subscription: Some(subscription),
+            }));
         }
-        mailbox.listed = true;
-        state.idle.push(id);
-        let waiting_loop = state.loop_waker.take();
-        drop(guard);
-        if let Some(waker) = waiting_loop {
-            waker.wake();
+        let token = *self.token.get_or_insert_with(|| {
+            slot.next_token += 1;
+            slot.next_token
+        });
+        match slot.waiting.iter_mut().find(|(t, _)| *t == token) {
+            Some((_, waker)) if waker.will_wake(cx.waker()) => {}
+            Some((_, waker)) => waker.clone_from(cx.waker()),
+            // New, or woken for a subscription another worker took first.
+            None => slot.waiting.push((token, cx.waker().clone())),
         }
         Poll::Pending
     }
 
-    /// No more deliveries: wakes every waiting worker so it can stop.
-    pub(crate) fn close(&self) {
-        let mut state = self.lock();
-        state.closed = true;
-        let wakers: Vec<Waker> = state
-            .mailboxes
-            .iter_mut()
-            .filter_map(|m| m.waker.take())
-            .collect();
-        drop(state);
-        for waker in wakers {
-            waker.wake();
+    /// Leaves the waiting list; `false` if it was no longer on it (woken).
+    fn leave(&mut self, slot: &mut Slot<T>) -> bool {
+        let Some(token) = self.token.take() else {
+            return true;
+        };
+        match slot.waiting.iter().position(|(t, _)| *t == token) {
+            Some(at) => {
+                slot.waiting.remove(at);
+                true
+            }
+            None => false,
         }
     }
 }
 
-/// Stores the current task's waker in `slot` unless it is already there.
-#[inline]
-fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
-    match slot {
-        Some(waker) if waker.will_wake(cx.waker()) => {}
-        _ => *slot = Some(cx.waker().clone()),
+impl<T> Drop for Wait<'_, T> {
+    fn drop(&mut self) {
+        if self.token.is_none() {
+            return;
+        }
+        let mut slot = self.shared.lock();
+        if self.leave(&mut slot) || slot.subscription.is_none() {
+            return;
+        }
+        // Woken for a subscription it will not take: the next one may.
+        let next = (!slot.waiting.is_empty()).then(|| slot.waiting.remove(0).1);
+        drop(slot);
+        if let Some(next) = next {
+            next.wake();
+        }
     }
 }
 
-struct CloseOnDrop<D>(Arc<Pool<D>>);
+/// The subscription, taken out by one worker; given back on drop, with a
+/// wake-up for the oldest waiting worker.
+pub(crate) struct Held<'a, T> {
+    shared: &'a Shared<T>,
+    subscription: Option<T>,
+}
 
-impl<D> Drop for CloseOnDrop<D> {
+impl<T> Deref for Held<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.subscription.as_ref().expect("held until dropped")
+    }
+}
+
+impl<T> DerefMut for Held<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.subscription.as_mut().expect("held until dropped")
+    }
+}
+
+impl<T> Drop for Held<'_, T> {
+    fn drop(&mut self) {
+        let mut slot = self.shared.lock();
+        slot.subscription = self.subscription.take();
+        let next = (!slot.waiting.is_empty()).then(|| slot.waiting.remove(0).1);
+        drop(slot);
+        if let Some(next) = next {
+            next.wake();
+        }
+    }
+}
+
+struct CloseOnDrop<T>(Arc<Shared<T>>);
+
+impl<T> Drop for CloseOnDrop<T> {
     fn drop(&mut self) {
         self.0.close();
     }
 }
 
-/// Held by a worker task: when it ends (also by a panic), the loop stops
-/// waiting for it.
-pub(crate) struct Alive<'a, D>(pub(crate) &'a Pool<D>);
-
-impl<D> Drop for Alive<'_, D> {
-    fn drop(&mut self) {
-        let mut state = self.0.lock();
-        state.alive -= 1;
-        let waker = state.loop_waker.take();
-        drop(state);
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use std::pin::pin;
     use std::task::{Context, Poll, Waker};
 
-    use super::Pool;
+    use super::{Out, Shared};
 
     #[test]
-    fn a_reserved_worker_polled_again_is_not_listed_twice() {
-        let pool = Pool::<u32>::new(1);
+    fn a_worker_waiting_for_the_subscription_gets_it_when_given_back() {
+        let shared = Shared::new(vec![1, 2]);
         let mut cx = Context::from_waker(Waker::noop());
-        // The worker waits: it is listed idle once.
-        assert!(pool.poll_recv(0, &mut cx).is_pending());
-        let id = Pool::pop_idle(&mut pool.lock()).expect("the worker is idle");
-        // Polled again (a spurious wake) while reserved: not listed again,
-        // so no second delivery can be handed to its mailbox of one.
-        assert!(pool.poll_recv(0, &mut cx).is_pending());
-        assert_eq!(Pool::pop_idle(&mut pool.lock()), Err(true), "listed once");
-        assert_eq!(pool.hand(id, 7), None, "no other worker is idle");
-        assert_eq!(pool.poll_recv(0, &mut cx), Poll::Ready(Some(7)));
-        // Back to waiting: listed, and reserved by the next hand-off.
-        assert!(pool.poll_recv(0, &mut cx).is_pending());
-        assert_eq!(Pool::pop_idle(&mut pool.lock()), Ok(0));
+        let (mut never, mut never_2, mut never_3) = (
+            pin!(std::future::pending::<()>()),
+            pin!(std::future::pending::<()>()),
+            pin!(std::future::pending::<()>()),
+        );
+        let Poll::Ready(Some(mut held)) = pin!(shared.take(never.as_mut())).poll(&mut cx) else {
+            panic!("at hand");
+        };
+        assert_eq!(shared.with(|v| v.len()), Err(Out::Taken));
+        let mut second = pin!(shared.take(never_2.as_mut()));
+        assert!(second.as_mut().poll(&mut cx).is_pending(), "another has it");
+        held.push(3);
+        drop(held);
+        let Poll::Ready(Some(held)) = second.as_mut().poll(&mut cx) else {
+            panic!("given back");
+        };
+        assert_eq!(*held, [1, 2, 3]);
+        drop(held);
+        assert_eq!(shared.with(|v| v.len()), Ok(3));
+        shared.close();
+        assert_eq!(shared.with(|v| v.len()), Err(Out::Closed));
+        assert!(matches!(
+            pin!(shared.take(never_3.as_mut())).poll(&mut cx),
+            Poll::Ready(None)
+        ));
+    }
+
+    #[test]
+    fn a_wait_ended_by_stop_after_its_wake_up_hands_the_wake_up_on() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::task::Wake;
+
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let shared = Shared::new(());
+        let mut cx = Context::from_waker(Waker::noop());
+        let (mut never, mut never_2, mut never_3) = (
+            pin!(std::future::pending::<()>()),
+            pin!(std::future::pending::<()>()),
+            pin!(std::future::pending::<()>()),
+        );
+        let Poll::Ready(Some(held)) = pin!(shared.take(never.as_mut())).poll(&mut cx) else {
+            panic!("at hand");
+        };
+        // Two wait; the give-back wakes the first, which then ends without
+        // taking it (as when its stop comes first).
+        let first = Arc::new(Count(AtomicUsize::new(0)));
+        let second = Arc::new(Count(AtomicUsize::new(0)));
+        let mut wait = Box::pin(shared.take(never_3.as_mut()));
+        let waker = Waker::from(Arc::clone(&first));
+        assert!(
+            wait.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        let mut other = pin!(shared.take(never_2.as_mut()));
+        let waker = Waker::from(Arc::clone(&second));
+        assert!(
+            other
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        drop(held);
+        assert_eq!(first.0.load(Ordering::SeqCst), 1, "the oldest is woken");
+        assert_eq!(second.0.load(Ordering::SeqCst), 0);
+        drop(wait);
+        assert_eq!(second.0.load(Ordering::SeqCst), 1, "the wake-up passed on");
     }
 }

@@ -14,8 +14,8 @@
 //! sizes it.
 //!
 //! Every subscriber loop takes a permit before it takes a record from its
-//! binding; the permit travels with the record (worker mailbox, owner FIFO,
-//! thread ring) and returns right before the handler body starts, or after
+//! binding; the permit travels with the record (the worker that took it,
+//! owner FIFO, thread ring) and returns right before the handler body starts, or after
 //! a malformed or rejected record's bounded processing.
 //!
 //! Request/reply sources (queue-group subscribers unless configured
@@ -28,6 +28,7 @@ mod permits;
 mod pressure;
 mod settings;
 
+pub(crate) use permits::BorrowedPermit;
 pub use permits::{JobPermit, JobQueue, ReceiveFlow, SourceRegistration};
 pub use pressure::{Pressure, PressureState, Thresholds};
 pub use settings::{JobQueueProfile, JobQueueSettings};

@@ -1,6 +1,8 @@
-//! `workers(n)`: the loop's hand-off through mailboxes of one and the
-//! idle stack.
+//! `workers(n)`: the subscription the workers share — claimed in place,
+//! or taken out by one worker while the others wait for it back.
 
+use std::collections::VecDeque;
+use std::pin::pin;
 use std::sync::Arc;
 
 use loom::future::block_on;
@@ -8,40 +10,41 @@ use loom::sync::Mutex;
 use loom::thread;
 
 use super::{check, check_bounded};
-use crate::exec::workers::{Alive, Pool};
+use crate::exec::workers::{Out, Shared};
 
-/// The loop and `workers` workers hand `items` deliveries over: every
-/// delivery reaches exactly one worker, none is handed to a worker whose
-/// mailbox is full (the hand-off asserts it), no wake-up is lost in either
-/// direction (a lost one deadlocks), and closing ends the workers.
-fn hand_over(workers: usize, items: u32) {
-    let pool = Arc::new(Pool::<u32>::new(workers));
+/// `workers` workers share a "subscription" of `items` records, each
+/// taking one record in place and the next with the subscription taken out
+/// (as a worker that waits with it), in turns: a take while another worker
+/// has it out waits for it back. Every record reaches exactly one worker,
+/// and no wake-up is lost when it is given back (a lost one deadlocks).
+fn share(workers: usize, items: u32) {
+    let shared = Arc::new(Shared::new((0..items).collect::<VecDeque<u32>>()));
     let got = Arc::new(Mutex::new(Vec::new()));
     let threads: Vec<_> = (0..workers)
-        .map(|id| {
-            let pool = Arc::clone(&pool);
+        .map(|_| {
+            let shared = Arc::clone(&shared);
             let got = Arc::clone(&got);
             thread::spawn(move || {
                 block_on(async {
-                    let _alive = Alive(&pool);
-                    while let Some(item) = pool.recv(id).await {
-                        got.lock().unwrap().push(item);
+                    let mut never = pin!(std::future::pending::<()>());
+                    loop {
+                        match shared.with(VecDeque::pop_front) {
+                            Ok(Some(item)) => got.lock().unwrap().push(item),
+                            Ok(None) | Err(Out::Closed) => break,
+                            Err(Out::Taken) => {}
+                        }
+                        let Some(mut held) = shared.take(never.as_mut()).await else {
+                            break;
+                        };
+                        match held.pop_front() {
+                            Some(item) => got.lock().unwrap().push(item),
+                            None => break,
+                        }
                     }
                 })
             })
         })
         .collect();
-    block_on(async {
-        let mut reserved = None;
-        for item in 0..items {
-            let id = match reserved.take() {
-                Some(id) => id,
-                None => pool.idle().await.expect("workers are alive"),
-            };
-            reserved = pool.hand(id, item);
-        }
-        pool.close();
-    });
     for thread in threads {
         thread.join().unwrap();
     }
@@ -50,15 +53,36 @@ fn hand_over(workers: usize, items: u32) {
     assert_eq!(got, (0..items).collect::<Vec<_>>());
 }
 
-/// Two workers: a hand-off reserves the other idle worker for the next
-/// delivery. Three threads: a preemption bound of 2 keeps it to seconds.
+/// Two workers, three records.
 #[test]
-fn a_hand_off_reserves_the_next_idle_worker() {
-    check_bounded(2, || hand_over(2, 2));
+fn a_worker_waiting_for_the_subscription_is_woken_when_it_is_given_back() {
+    check(|| share(2, 3));
 }
 
-/// One worker, three deliveries: it lists itself idle again after each.
+/// Three workers: a give-back wakes one waiting worker, which takes it or
+/// passes it on. A preemption bound of 2 keeps it to seconds.
 #[test]
-fn a_worker_lists_itself_idle_after_each_delivery() {
-    check(|| hand_over(1, 3));
+fn three_workers_share_one_subscription() {
+    check_bounded(2, || share(3, 2));
+}
+
+/// A worker waiting for the subscription while the workers are closed ends
+/// its wait.
+#[test]
+fn closing_ends_a_wait_for_the_subscription() {
+    check(|| {
+        let shared = Arc::new(Shared::new(()));
+        let mut never = pin!(std::future::pending::<()>());
+        let held = block_on(shared.take(never.as_mut())).expect("at hand");
+        let waiter = {
+            let shared = Arc::clone(&shared);
+            thread::spawn(move || {
+                let mut never = pin!(std::future::pending::<()>());
+                block_on(shared.take(never.as_mut())).is_none()
+            })
+        };
+        shared.close();
+        drop(held);
+        assert!(waiter.join().unwrap(), "a closed set hands out nothing");
+    });
 }

@@ -56,8 +56,8 @@ pub enum Mode {
     /// One delivery at a time, in order. The default.
     #[default]
     Sequential,
-    /// `n` worker tasks on the app runtime, each with a mailbox of one; at most
-    /// `n` deliveries in flight. With `by_key`, deliveries of one key
+    /// `n` worker tasks on the app runtime, each taking its next delivery
+    /// itself once idle; at most `n` deliveries in flight. With `by_key`, deliveries of one key
     /// run one at a time in arrival order.
     Workers {
         /// Worker tasks.
