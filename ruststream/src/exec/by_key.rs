@@ -53,12 +53,17 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                 // One waiter for the worker's whole life, polled in place:
                 // a turn is moved out of the set once, not through futures.
                 let mut wait = owners.waiter();
-                while let Some(turn) = poll_fn(|cx| wait.poll(cx)).await {
+                let mut next = poll_fn(|cx| wait.poll(cx)).await;
+                while let Some(turn) = next {
                     let (delivery, body) = turn.item;
                     // JQ-4 step 5: the permit returns right before the handler.
                     drop(turn.permit);
                     invoke!(&*unit, delivery, handle_send(body));
-                    owners.finish(turn.owner, turn.bytes);
+                    // The next turn at hand is taken in the same lock.
+                    next = owners.finish_and_next(turn.owner, turn.bytes);
+                    if next.is_none() {
+                        next = poll_fn(|cx| wait.poll(cx)).await;
+                    }
                 }
             })
         })
@@ -83,10 +88,14 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             drop(owners.promote(permit));
             continue;
         }
-        let has_room = tokio::select! {
-            biased;
-            room = owners.wait_capacity() => room,
-            () = &mut stopped => false,
+        // Looked at in place first: the wait is for a full set.
+        let has_room = match owners.capacity_now() {
+            Some(room) => room,
+            None => tokio::select! {
+                biased;
+                room = owners.wait_capacity() => room,
+                () = &mut stopped => false,
+            },
         };
         if !has_room {
             break;

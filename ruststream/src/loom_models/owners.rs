@@ -31,8 +31,11 @@ fn turns(per_key: usize, records: &'static [(u64, u32)]) {
             let log = Arc::clone(&log);
             thread::spawn(move || {
                 block_on(async {
+                    // As a `by_key` worker: the next turn at hand in the
+                    // lock that ends one, else a wait.
                     let mut wait = owners.waiter();
-                    while let Some(turn) = poll_fn(|cx| wait.poll(cx)).await {
+                    let mut next = poll_fn(|cx| wait.poll(cx)).await;
+                    while let Some(turn) = next {
                         let (key, n) = turn.item;
                         let busy = &running[key as usize];
                         assert!(
@@ -41,7 +44,10 @@ fn turns(per_key: usize, records: &'static [(u64, u32)]) {
                         );
                         log.lock().unwrap().push((key, n));
                         busy.store(false, Ordering::SeqCst);
-                        owners.finish(turn.owner, turn.bytes);
+                        next = match owners.finish_and_next(turn.owner, turn.bytes) {
+                            Some(turn) => Some(turn),
+                            None => poll_fn(|cx| wait.poll(cx)).await,
+                        };
                     }
                 })
             })

@@ -117,7 +117,51 @@ struct State<T, P> {
     space: Vec<Waker>,
 }
 
+/// The wake-ups a finished turn owes, made once the lock is released.
+struct Wakes {
+    /// The receive loop, if it waits for capacity (normally the only
+    /// producer).
+    producer: Option<Waker>,
+    /// The rare rest: every worker once the set is closed and drained,
+    /// other producers.
+    rest: Option<Vec<Waker>>,
+}
+
+impl Wakes {
+    #[inline]
+    fn wake(self, worker: Option<Waker>) {
+        if let Some(worker) = worker {
+            worker.wake();
+        }
+        if let Some(producer) = self.producer {
+            producer.wake();
+        }
+        if let Some(rest) = self.rest {
+            rest.into_iter().for_each(Waker::wake);
+        }
+    }
+}
+
 impl<T, P> State<T, P> {
+    /// The head item of the oldest ready owner, which stays out of the
+    /// ready set (running) until its turn ends.
+    fn take_ready(&mut self) -> Option<Turn<T, P>> {
+        let owner = self.ready.pop_front()?;
+        let o = self.owners.get_mut(&owner).expect("ready owner exists");
+        let Queued {
+            item,
+            permit,
+            bytes,
+        } = o.fifo.pop_front().expect("ready owner has work");
+        o.running = true;
+        Some(Turn {
+            owner,
+            item,
+            permit,
+            bytes,
+        })
+    }
+
     /// Wakes one waiting worker, if any; returns its waker to wake once the
     /// lock is released.
     fn wake_one(&mut self) -> Option<Waker> {
@@ -240,15 +284,28 @@ impl<T, P> OwnerSet<T, P> {
         if state.closed {
             return Err((item, permit));
         }
-        if let Some(o) = state.owners.get_mut(&owner)
-            && o.refusal(&self.limits, bytes).is_some()
-        {
-            o.held.push_back((item, bytes));
-            state.held += 1;
-            state.total += 1;
-            return Ok(Admitted::Held(permit));
-        }
-        let (_, worker) = self.enqueue(state, owner, item, Some(permit), bytes);
+        // One lookup: the owner is found (or made) once.
+        let o = match state.owners.entry(owner) {
+            Entry::Occupied(e) => {
+                let o = e.into_mut();
+                if o.refusal(&self.limits, bytes).is_some() {
+                    o.held.push_back((item, bytes));
+                    state.held += 1;
+                    state.total += 1;
+                    return Ok(Admitted::Held(permit));
+                }
+                o
+            }
+            Entry::Vacant(e) => e.insert(Owner::new(state.spare.pop().unwrap_or_default())),
+        };
+        let (_, became_ready) = o.enqueue(item, Some(permit), bytes);
+        state.total += 1;
+        let worker = if became_ready {
+            state.ready.push_back(owner);
+            state.wake_one()
+        } else {
+            None
+        };
         drop(guard);
         if let Some(worker) = worker {
             worker.wake();
@@ -271,15 +328,7 @@ impl<T, P> OwnerSet<T, P> {
             Entry::Occupied(e) => e.into_mut(),
             // A new owner is empty and always takes one item (limits are
             // at least 1), so no owner is ever made for a refusal.
-            Entry::Vacant(e) => e.insert(Owner {
-                fifo: state.spare.pop().unwrap_or_default(),
-                held: VecDeque::new(),
-                count: 0,
-                bytes: 0,
-                next_seq: 0,
-                running: false,
-                promotable: false,
-            }),
+            Entry::Vacant(e) => e.insert(Owner::new(state.spare.pop().unwrap_or_default())),
         };
         let (seq, became_ready) = o.enqueue(item, permit, bytes);
         state.total += 1;
@@ -333,6 +382,17 @@ impl<T, P> OwnerSet<T, P> {
             worker.wake();
         }
         Ok(())
+    }
+
+    /// Whether the total is below its limit now (`false` once closed);
+    /// `None` when the receive loop must [`wait_capacity`](Self::wait_capacity).
+    #[inline]
+    pub(crate) fn capacity_now(&self) -> Option<bool> {
+        let state = self.lock();
+        if state.closed {
+            return Some(false);
+        }
+        (state.total < self.limits.max_total).then_some(true)
     }
 
     /// Waits until the total is below its limit (the receive loop calls this
@@ -390,50 +450,69 @@ impl<T, P> OwnerSet<T, P> {
 
     /// Ends a turn: releases its reservation, puts the owner back into the
     /// ready set if it has more work, and lists it promotable if a held
-    /// record now fits.
+    /// record now fits. (Workers end theirs with
+    /// [`finish_and_next`](Self::finish_and_next).)
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn finish(&self, owner: u64, bytes: usize) {
         let mut guard = self.lock();
-        let state = &mut *guard;
+        let wakes = self.end_turn(&mut guard, owner, bytes);
+        let worker = (!guard.ready.is_empty())
+            .then(|| guard.wake_one())
+            .flatten();
+        drop(guard);
+        wakes.wake(worker);
+    }
+
+    /// [`finish`](Self::finish), then the next turn for the same worker in
+    /// the same lock, if an owner is ready: a worker with work at hand takes
+    /// it without a wake-up (the head of the oldest ready owner, as
+    /// [`waiter`](Self::waiter) hands out).
+    pub(crate) fn finish_and_next(&self, owner: u64, bytes: usize) -> Option<Turn<T, P>> {
+        let mut guard = self.lock();
+        let wakes = self.end_turn(&mut guard, owner, bytes);
+        let turn = guard.take_ready();
+        // More work than this worker takes: another sleeping worker runs it.
+        let worker = (!guard.ready.is_empty())
+            .then(|| guard.wake_one())
+            .flatten();
+        drop(guard);
+        wakes.wake(worker);
+        turn
+    }
+
+    /// The bookkeeping of a finished turn under the lock; what to wake
+    /// once it is released.
+    fn end_turn(&self, state: &mut State<T, P>, owner: u64, bytes: usize) -> Wakes {
         state.total -= 1;
         let o = state.owners.get_mut(&owner).expect("running owner exists");
         o.running = false;
         o.count -= 1;
         o.bytes -= bytes;
-        let mut worker = None;
-        if !o.fifo.is_empty() {
-            state.ready.push_back(owner);
-            worker = state.wake_one();
-        } else if o.count == 0 && o.held.is_empty() {
-            let o = state.owners.remove(&owner).expect("running owner exists");
-            state.recycle(o.fifo);
-        }
-        if let Some(o) = state.owners.get_mut(&owner)
-            && !o.promotable
-            && o.can_promote(&self.limits)
-        {
+        let made_ready = !o.fifo.is_empty();
+        if !o.promotable && o.can_promote(&self.limits) {
             o.promotable = true;
             state.promotable.push_back(owner);
             self.has_promotable.store(true, Ordering::Release);
         }
-        let mut workers = Vec::new();
-        if state.closed && state.total == 0 {
-            workers = state.wake_all_workers();
+        if made_ready {
+            state.ready.push_back(owner);
+        } else if o.count == 0 && o.held.is_empty() {
+            let o = state.owners.remove(&owner).expect("running owner exists");
+            state.recycle(o.fifo);
         }
         // Normally the receive loop alone; the buffer stays for its next wait.
         let producer = state.space.pop();
-        let producers = if state.space.is_empty() {
-            Vec::new()
-        } else {
-            std::mem::take(&mut state.space)
-        };
-        drop(guard);
-        if let Some(worker) = worker {
-            worker.wake();
-        }
-        if let Some(producer) = producer {
-            producer.wake();
-        }
-        workers.into_iter().chain(producers).for_each(Waker::wake);
+        let drained = state.closed && state.total == 0;
+        let rest = (drained || !state.space.is_empty()).then(|| {
+            let mut rest = if drained {
+                state.wake_all_workers()
+            } else {
+                Vec::new()
+            };
+            rest.append(&mut state.space);
+            rest
+        });
+        Wakes { producer, rest }
     }
 
     /// Stops admissions; held records join their FIFOs (they were received:

@@ -28,6 +28,21 @@ pub(super) struct Owner<T, P> {
 }
 
 impl<T, P> Owner<T, P> {
+    /// An empty owner on `fifo` (a spare buffer, or a new one). Empty, it
+    /// always takes one item (limits are at least 1), so no owner is ever
+    /// made for a refusal.
+    pub(super) fn new(fifo: VecDeque<Queued<T, P>>) -> Self {
+        Owner {
+            fifo,
+            held: VecDeque::new(),
+            count: 0,
+            bytes: 0,
+            next_seq: 0,
+            running: false,
+            promotable: false,
+        }
+    }
+
     /// Whether a new item would find the FIFO at a limit: a request is
     /// refused then, a one-way record held. A key that holds records is
     /// full for everyone until they are in, so nothing overtakes them.

@@ -143,9 +143,13 @@ async fn no_lost_wakeup_under_stress() {
             let owners = Arc::clone(&owners);
             let taken = Arc::clone(&taken);
             tokio::spawn(async move {
-                while let Some(turn) = owners.next_turn().await {
+                let mut next = owners.next_turn().await;
+                while let Some(turn) = next {
                     taken.fetch_add(u64::from(turn.item), Ordering::Relaxed);
-                    owners.finish(turn.owner, turn.bytes);
+                    next = match owners.finish_and_next(turn.owner, turn.bytes) {
+                        Some(turn) => Some(turn),
+                        None => owners.next_turn().await,
+                    };
                 }
             })
         })

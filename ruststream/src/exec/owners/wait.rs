@@ -2,7 +2,7 @@
 
 use std::task::{Context, Poll, Waker};
 
-use super::{OwnerSet, Queued, Turn};
+use super::{OwnerSet, Turn};
 
 /// One worker waiting for a turn. Dropped while it waits (its task aborted),
 /// it leaves the sleepers and hands a wake-up it may have received on to
@@ -18,14 +18,7 @@ impl<T, P> Sleep<'_, T, P> {
         let mut guard = self.set.lock();
         let state = &mut *guard;
         // Level-triggered: whatever woke us (or not), re-check the set.
-        if let Some(owner) = state.ready.pop_front() {
-            let o = state.owners.get_mut(&owner).expect("ready owner exists");
-            let Queued {
-                item,
-                permit,
-                bytes,
-            } = o.fifo.pop_front().expect("ready owner has work");
-            o.running = true;
+        if let Some(turn) = state.take_ready() {
             if let Some(token) = self.token.take() {
                 // Polled without being woken: leave the sleepers.
                 state.sleepers.retain(|(t, _)| *t != token);
@@ -40,12 +33,7 @@ impl<T, P> Sleep<'_, T, P> {
             if let Some(other) = other {
                 other.wake();
             }
-            return Poll::Ready(Some(Turn {
-                owner,
-                item,
-                permit,
-                bytes,
-            }));
+            return Poll::Ready(Some(turn));
         }
         if state.closed && state.total == 0 {
             if let Some(token) = self.token.take() {
