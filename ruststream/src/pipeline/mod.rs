@@ -136,6 +136,15 @@ macro_rules! invoke {
                                 }
                             }
                         }
+                        // A request answered, nothing to start after it.
+                        ($crate::pipeline::Outcome::Ack(Some(reply)), None)
+                            if !unit.app.has_after_ack() =>
+                        {
+                            let settle = ::std::pin::pin!(unit.reply_and_ack(delivery, reply));
+                            if $crate::pipeline::or_abort(settle, aborted).await.is_none() {
+                                unit.aborted();
+                            }
+                        }
                         (outcome, follow_ups) => {
                             let settle = ::std::pin::pin!(
                                 unit.settle_outcome(delivery, outcome, follow_ups)
@@ -309,6 +318,28 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         tracing::warn!(subject = %self.config.subject, "handler aborted by the shutdown timeout; delivery left unsettled");
     }
 
+    /// A handler's reply, published, then the ack: the request path of
+    /// [`settle_outcome`](Self::settle_outcome) without follow-ups (no
+    /// retry asked, no `after_ack` hook).
+    pub(crate) async fn reply_and_ack<D: Delivery>(&self, delivery: D, reply: bytes::Bytes) {
+        self.acked();
+        self.reply(&delivery, self.reply_message(reply), None).await;
+        let acked = match delivery.try_ack() {
+            Ok(acked) => acked,
+            Err(delivery) => delivery.ack().await,
+        };
+        self.settled(acked);
+    }
+
+    /// The message of a handler's reply, with its codec's content type.
+    fn reply_message(&self, reply: bytes::Bytes) -> Message {
+        let mut reply = Message::new(reply);
+        if let Some(content_type) = self.subscriber.reply_content_type() {
+            crate::codec::stamp(&mut reply, content_type);
+        }
+        reply
+    }
+
     pub(crate) async fn settle_outcome<D: Delivery>(
         &self,
         delivery: D,
@@ -332,11 +363,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             Outcome::Ack(reply) => {
                 self.acked();
                 if let Some(reply) = reply {
-                    let mut reply = Message::new(reply);
-                    if let Some(content_type) = self.subscriber.reply_content_type() {
-                        crate::codec::stamp(&mut reply, content_type);
-                    }
-                    self.reply(&delivery, reply, None).await;
+                    self.reply(&delivery, self.reply_message(reply), None).await;
                 }
                 // Follow-ups start after the ack (RT-8): keep what they need.
                 let env = (retry.is_some() || self.app.has_after_ack())
