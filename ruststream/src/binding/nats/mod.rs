@@ -273,18 +273,18 @@ impl NatsBroker {
     /// One core publish: into the client's bounded write buffer, waiting for
     /// room until `deadline` (default: the publish timeout from when the
     /// buffer is found full — a publish that finds room reads no clock).
-    /// What can be done before the first poll is done here, so the future
-    /// keeps only the outbound message.
-    fn publish_core(
-        &self,
-        subject: &str,
+    /// The future keeps the subject and the message as given; they become
+    /// the client's on the first poll.
+    fn publish_core<'a, 's>(
+        &'a self,
+        subject: &'s str,
         message: Message,
         deadline: Option<Instant>,
-    ) -> CorePublish<'_> {
-        let outbound = self.ensure_open().and_then(|()| outbound(subject, message));
+    ) -> CorePublish<'a, 's> {
         CorePublish {
-            client: &self.client,
-            outbound: Some(outbound),
+            broker: self,
+            subject,
+            message: Some(message),
             waiting: None,
             deadline: deadline.ok_or(self.publish_timeout),
             timer: None,
@@ -307,6 +307,15 @@ fn outbound(subject: &str, message: Message) -> Result<async_nats::message::Outb
     })
 }
 
+/// Whether the message is a payload alone: no headers, key, reply
+/// subject or correlation id for the client to carry.
+fn payload_only(message: &Message) -> bool {
+    message.headers().is_empty()
+        && message.key().is_none()
+        && message.reply_to().is_none()
+        && message.correlation_id().is_none()
+}
+
 /// The client's publish future, boxed: kept only by a publish that found
 /// the client's write buffer full.
 type ClientPublish<'a> =
@@ -317,38 +326,40 @@ type ClientPublish<'a> =
 /// place on the first poll, which finishes whenever the client's write
 /// buffer has room, and only a publish that must wait keeps one, boxed,
 /// with a timer armed then.
-pub(crate) struct CorePublish<'a> {
-    client: &'a async_nats::Client,
-    /// Not handed to the client yet (or why it cannot be).
-    outbound: Option<Result<async_nats::message::OutboundMessage>>,
+pub(crate) struct CorePublish<'a, 's> {
+    broker: &'a NatsBroker,
+    subject: &'s str,
+    /// Not handed to the client yet.
+    message: Option<Message>,
     waiting: Option<ClientPublish<'a>>,
     /// The deadline, or the timeout to count from the first wait.
     deadline: std::result::Result<Instant, Duration>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl Future for CorePublish<'_> {
+impl Future for CorePublish<'_, '_> {
     type Output = Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         use async_nats::client::traits::Publisher;
         let this = &mut *self;
-        let client = this.client;
-        if let Some(outbound) = this.outbound.take() {
-            let outbound = outbound?;
+        let client = &this.broker.client;
+        if let Some(message) = this.message.take() {
+            this.broker.ensure_open()?;
             // The first attempt takes clones (reference counts): when it
             // is pending it sent nothing (it waited for room), and the
             // message goes on boxed.
-            let first = match (&outbound.reply, &outbound.headers) {
-                (None, None) => poll_once(
-                    client.publish(outbound.subject.clone(), outbound.payload.clone()),
-                    cx,
-                ),
-                _ => poll_once(client.publish_message(outbound.clone()), cx),
+            let first = if payload_only(&message) {
+                let subject = convert::publish_subject(this.subject);
+                poll_once(client.publish(subject, message.payload().clone()), cx)
+            } else {
+                let outbound = outbound(this.subject, message.clone())?;
+                poll_once(client.publish_message(outbound), cx)
             };
             if let Poll::Ready(result) = first {
                 return Poll::Ready(result.map_err(publish_error));
             }
+            let outbound = outbound(this.subject, message)?;
             this.waiting = Some(Box::pin(client.publish_message(outbound)));
         }
         let Some(waiting) = &mut this.waiting else {
