@@ -30,7 +30,8 @@ use crate::binding::Subscription;
 /// the next delivery together with the job permit taken before it
 /// was claimed, as `Option<(delivery, permit)>`: `None` once `$stop` was
 /// called or the subscription ended. Every loop takes its deliveries
-/// through this one step:
+/// through this one step (`workers(n)` claims the delivery at hand in place
+/// first, and takes this step with the subscription when it must wait):
 ///
 /// * a free permit is taken inline (`$try`, lock-free) and the delivery at
 ///   hand claimed without waiting (`Subscription::try_next`): the path of a
