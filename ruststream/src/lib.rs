@@ -76,6 +76,7 @@ pub mod testing;
 mod text;
 #[cfg(feature = "opentelemetry")]
 mod trace_context;
+mod waiters;
 
 #[cfg(all(test, loom))]
 mod loom_models;

@@ -16,7 +16,7 @@ use std::future::{Future, poll_fn};
 use std::ops::{Deref, DerefMut};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use super::budget::Budget;
 use crate::binding::{Broker, Subscription};
@@ -25,6 +25,7 @@ use crate::ingress::{BorrowedPermit, JobQueue};
 use crate::pipeline::{Checked, Unit, invoke};
 use crate::subscriber::SendSubscriber;
 use crate::sync::{Mutex, MutexGuard};
+use crate::waiters::Waiters;
 
 pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     unit: Arc<Unit<B, S>>,
@@ -138,10 +139,8 @@ pub(crate) struct Shared<T> {
 struct Slot<T> {
     /// `None` while a worker has it out.
     subscription: Option<T>,
-    /// Workers waiting for it back, oldest first, each under the token of
-    /// its wait.
-    waiting: Vec<(u64, Waker)>,
-    next_token: u64,
+    /// Workers waiting for it back, oldest first.
+    waiting: Waiters,
     closed: bool,
 }
 
@@ -150,8 +149,7 @@ impl<T> Shared<T> {
         Shared {
             state: Mutex::new(Slot {
                 subscription: Some(subscription),
-                waiting: Vec::new(),
-                next_token: 0,
+                waiting: Waiters::default(),
                 closed: false,
             }),
         }
@@ -197,9 +195,9 @@ impl<T> Shared<T> {
     pub(crate) fn close(&self) {
         let mut slot = self.lock();
         slot.closed = true;
-        let waiting = std::mem::take(&mut slot.waiting);
+        let waiting = slot.waiting.take_all();
         drop(slot);
-        for (_, waker) in waiting {
+        for waker in waiting {
             waker.wake();
         }
     }
@@ -219,41 +217,20 @@ impl<'a, T> Wait<'a, T> {
         let mut guard = self.shared.lock();
         let slot = &mut *guard;
         if slot.closed {
-            self.leave(slot);
+            slot.waiting.forget(self.token.take());
             return Poll::Ready(None);
         }
         if let Some(subscription) = slot.subscription.take() {
-            self.leave(slot);
+            slot.waiting.forget(self.token.take());
             return Poll::Ready(Some(Held {
                 shared: self.shared,
                 subscription: Some(subscription),
             }));
         }
-        let token = *self.token.get_or_insert_with(|| {
-            slot.next_token += 1;
-            slot.next_token
-        });
-        match slot.waiting.iter_mut().find(|(t, _)| *t == token) {
-            Some((_, waker)) if waker.will_wake(cx.waker()) => {}
-            Some((_, waker)) => waker.clone_from(cx.waker()),
-            // New, or woken for a subscription another worker took first.
-            None => slot.waiting.push((token, cx.waker().clone())),
-        }
+        // New, refreshed, or again after a wake-up for a subscription
+        // another worker took first.
+        slot.waiting.register(&mut self.token, cx.waker());
         Poll::Pending
-    }
-
-    /// Leaves the waiting list; `false` if it was no longer on it (woken).
-    fn leave(&mut self, slot: &mut Slot<T>) -> bool {
-        let Some(token) = self.token.take() else {
-            return true;
-        };
-        match slot.waiting.iter().position(|(t, _)| *t == token) {
-            Some(at) => {
-                slot.waiting.remove(at);
-                true
-            }
-            None => false,
-        }
     }
 }
 
@@ -263,11 +240,11 @@ impl<T> Drop for Wait<'_, T> {
             return;
         }
         let mut slot = self.shared.lock();
-        if self.leave(&mut slot) || slot.subscription.is_none() {
+        if slot.waiting.forget(self.token) || slot.subscription.is_none() {
             return;
         }
         // Woken for a subscription it will not take: the next one may.
-        let next = (!slot.waiting.is_empty()).then(|| slot.waiting.remove(0).1);
+        let next = slot.waiting.take_one();
         drop(slot);
         if let Some(next) = next {
             next.wake();
@@ -300,7 +277,7 @@ impl<T> Drop for Held<'_, T> {
     fn drop(&mut self) {
         let mut slot = self.shared.lock();
         slot.subscription = self.subscription.take();
-        let next = (!slot.waiting.is_empty()).then(|| slot.waiting.remove(0).1);
+        let next = slot.waiting.take_one();
         drop(slot);
         if let Some(next) = next {
             next.wake();

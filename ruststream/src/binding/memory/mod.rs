@@ -41,7 +41,6 @@ mod lanes;
 mod member_flow;
 mod publish;
 mod queue;
-mod readers;
 mod registry;
 mod replies;
 mod route_cache;

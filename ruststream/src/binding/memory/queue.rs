@@ -23,9 +23,9 @@ use std::task::{Context, Poll};
 use tokio::time::Instant;
 
 use super::lanes::{Lane, ROUND_RECORDS, ReceiveRound, Round};
-use super::readers::Readers;
 pub use super::stats::QueueStats;
 use super::{BrokerShared, Connection};
+use crate::waiters::Waiters;
 use crate::{Envelope, Error, Result, Text};
 
 /// Why a frame was not admitted.
@@ -47,7 +47,7 @@ struct State {
     /// Members whose receive flow is paused.
     paused_members: usize,
     /// Consumers waiting for a frame: one is woken per admitted frame.
-    readers: Readers,
+    readers: Waiters,
 }
 
 impl State {
@@ -210,7 +210,7 @@ impl Queue {
                 round: Round::default(),
                 closed: false,
                 paused_members: 0,
-                readers: Readers::default(),
+                readers: Waiters::default(),
             }),
             budget,
             round,
@@ -379,7 +379,7 @@ impl Queue {
 
     /// Waits for a frame: `None` once closed and drained, or once `conn`
     /// closes while waiting. A frame at hand wins over a close that races
-    /// it. Looking and registering happen in one lock (see [`Readers`]); a
+    /// it. Looking and registering happen in one lock (see [`Waiters`]); a
     /// closing connection wakes the readers of every queue
     /// ([`wake_readers`](Self::wake_readers)).
     pub(crate) async fn wait_pop(&self, conn: &Connection) -> Option<Envelope> {
@@ -567,7 +567,7 @@ impl Queue {
     }
 }
 
-/// A consumer's place among a queue's [`Readers`] while it waits. Dropped
+/// A consumer's place among a queue's [`Waiters`] while it waits. Dropped
 /// after it was woken for a frame it never took (its wait was cancelled),
 /// it hands the wake-up on, so the frame does not sit while others wait.
 struct Reader<'a> {

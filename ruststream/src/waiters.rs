@@ -1,20 +1,22 @@
-//! Consumers waiting on an empty receive queue, kept under the queue's own
-//! lock: a consumer finds the queue empty and registers in one lock, and a
-//! publish that admits a frame takes the oldest waiter in the lock it
+//! Tasks waiting for something kept under a lock, listed under that same
+//! lock: a task finds what it waits for missing and registers in one lock,
+//! and whoever makes it available takes the oldest waiter in the lock it
 //! already holds. No separate notification, so no lost wake-up between the
-//! look and the registration, and nothing to pay while nobody waits.
+//! look and the registration, and nothing to pay while nobody waits. The
+//! memory Core's consumers wait on their receive queue this way, and
+//! `workers(n)`'s idle workers for the subscription they share.
 
 use std::collections::VecDeque;
 use std::task::Waker;
 
 #[derive(Default)]
-pub(crate) struct Readers {
+pub(crate) struct Waiters {
     next_token: u64,
     /// Oldest first; a token appears at most once.
     waiting: VecDeque<(u64, Waker)>,
 }
 
-impl Readers {
+impl Waiters {
     /// Registers (or refreshes) the waiter `token`, assigning one if it has
     /// none yet.
     pub(crate) fn register(&mut self, token: &mut Option<u64>, waker: &Waker) {
@@ -44,7 +46,7 @@ impl Readers {
         }
     }
 
-    /// The oldest waiter, to wake (outside the lock) for one new frame.
+    /// The oldest waiter, to wake (outside the lock) for one new item.
     #[inline]
     pub(crate) fn take_one(&mut self) -> Option<Waker> {
         if self.waiting.is_empty() {
