@@ -26,10 +26,13 @@ use crate::middleware::HandlerService;
 pub(crate) use crate::subscriber::Outcome;
 use crate::subscriber::{Subscriber, SubscriberConfig};
 use crate::tasks::{self, FollowUps};
-use crate::{BoxError, HandlerError, Message, Text, metrics, spans};
+use crate::{BoxError, HandlerError, metrics, spans};
 use tracing::Instrument;
 
+mod reply;
 pub(crate) mod stack;
+
+use reply::error_reply;
 
 /// Everything one subscriber's deliveries need, shared by its loop and its
 /// workers or threads.
@@ -318,28 +321,6 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         tracing::warn!(subject = %self.config.subject, "handler aborted by the shutdown timeout; delivery left unsettled");
     }
 
-    /// A handler's reply, published, then the ack: the request path of
-    /// [`settle_outcome`](Self::settle_outcome) without follow-ups (no
-    /// retry asked, no `after_ack` hook).
-    pub(crate) async fn reply_and_ack<D: Delivery>(&self, delivery: D, reply: bytes::Bytes) {
-        self.acked();
-        self.reply(&delivery, self.reply_message(reply), None).await;
-        let acked = match delivery.try_ack() {
-            Ok(acked) => acked,
-            Err(delivery) => delivery.ack().await,
-        };
-        self.settled(acked);
-    }
-
-    /// The message of a handler's reply, with its codec's content type.
-    fn reply_message(&self, reply: bytes::Bytes) -> Message {
-        let mut reply = Message::new(reply);
-        if let Some(content_type) = self.subscriber.reply_content_type() {
-            crate::codec::stamp(&mut reply, content_type);
-        }
-        reply
-    }
-
     pub(crate) async fn settle_outcome<D: Delivery>(
         &self,
         delivery: D,
@@ -494,40 +475,6 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         }
     }
 
-    /// Publishes a reply when the delivery is a request. A reply that cannot be
-    /// published is logged: the caller's own timeout reports it.
-    /// A failed reply carries its `status`; a successful one none.
-    async fn reply<D: Delivery>(
-        &self,
-        delivery: &D,
-        mut message: Message,
-        status: Option<&'static str>,
-    ) {
-        let env = delivery.envelope();
-        let Some(reply_to) = env.reply_to() else {
-            return;
-        };
-        if let Some(status) = status {
-            message
-                .headers_mut()
-                .insert(Text::from_static(header::STATUS), Text::from_static(status));
-        }
-        if let Some(id) = env.correlation_id() {
-            message = message.with_correlation_id(id.clone());
-        }
-        let sent = crate::outgoing::send!(
-            self.app.outgoing(),
-            Reply,
-            self.broker.name(),
-            reply_to,
-            message,
-            self.broker.publish_message(reply_to, message, None)
-        );
-        if let Err(err) = sent {
-            tracing::warn!(subject = %env.subject(), reply_to = %reply_to, error = %err, "reply not published");
-        }
-    }
-
     /// Where a rejected delivery goes, for the log line that says so.
     fn dead_letter(&self) -> &str {
         self.config
@@ -594,10 +541,6 @@ fn panicked(panic: Box<dyn Any + Send>) -> Outcome {
 #[inline(never)]
 fn wrong_content_type(got: &str, expected: &str) -> BoxError {
     format!("content type `{got}`, and this subscriber reads `{expected}`").into()
-}
-
-fn error_reply(reason: &str) -> Message {
-    Message::new(bytes::Bytes::new()).with_header(header::ERROR, reason)
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {

@@ -1,0 +1,71 @@
+//! What a request's caller gets back: the handler's reply, or the failure
+//! that ended the request, published to its reply subject.
+
+use super::Unit;
+use crate::binding::{Broker, Delivery};
+use crate::message::header;
+use crate::subscriber::Subscriber;
+use crate::{Message, Text};
+
+impl<B: Broker, S: Subscriber> Unit<B, S> {
+    /// A handler's reply, published, then the ack: the request path of
+    /// [`settle_outcome`](Self::settle_outcome) without follow-ups (no
+    /// retry asked, no `after_ack` hook).
+    pub(crate) async fn reply_and_ack<D: Delivery>(&self, delivery: D, reply: bytes::Bytes) {
+        self.acked();
+        self.reply(&delivery, self.reply_message(reply), None).await;
+        let acked = match delivery.try_ack() {
+            Ok(acked) => acked,
+            Err(delivery) => delivery.ack().await,
+        };
+        self.settled(acked);
+    }
+
+    /// The message of a handler's reply, with its codec's content type.
+    pub(super) fn reply_message(&self, reply: bytes::Bytes) -> Message {
+        let mut reply = Message::new(reply);
+        if let Some(content_type) = self.subscriber.reply_content_type() {
+            crate::codec::stamp(&mut reply, content_type);
+        }
+        reply
+    }
+
+    /// Publishes a reply when the delivery is a request. A reply that cannot be
+    /// published is logged: the caller's own timeout reports it.
+    /// A failed reply carries its `status`; a successful one none.
+    pub(super) async fn reply<D: Delivery>(
+        &self,
+        delivery: &D,
+        mut message: Message,
+        status: Option<&'static str>,
+    ) {
+        let env = delivery.envelope();
+        let Some(reply_to) = env.reply_to() else {
+            return;
+        };
+        if let Some(status) = status {
+            message
+                .headers_mut()
+                .insert(Text::from_static(header::STATUS), Text::from_static(status));
+        }
+        if let Some(id) = env.correlation_id() {
+            message = message.with_correlation_id(id.clone());
+        }
+        let sent = crate::outgoing::send!(
+            self.app.outgoing(),
+            Reply,
+            self.broker.name(),
+            reply_to,
+            message,
+            self.broker.publish_message(reply_to, message, None)
+        );
+        if let Err(err) = sent {
+            tracing::warn!(subject = %env.subject(), reply_to = %reply_to, error = %err, "reply not published");
+        }
+    }
+}
+
+/// The reply of a request that failed: the reason in a header, no body.
+pub(super) fn error_reply(reason: &str) -> Message {
+    Message::new(bytes::Bytes::new()).with_header(header::ERROR, reason)
+}
