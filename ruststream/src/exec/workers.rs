@@ -34,8 +34,10 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     n: usize,
 ) {
     let shared = Arc::new(Shared::new(subscription));
-    // However this future ends (also when it is aborted), workers finish
-    // the delivery in hand and take no other.
+    // Closed however this future ends (also when it is dropped, as at a
+    // runtime's teardown): a worker then finishes the delivery in hand and
+    // claims no other (one waiting with the subscription stops at the stop
+    // signal or the subscription's end, as every loop does).
     let closer = CloseOnDrop(Arc::clone(&shared));
     let workers: Vec<_> = (0..n)
         .map(|_| {

@@ -139,15 +139,6 @@ macro_rules! invoke {
                                 }
                             }
                         }
-                        // A request answered, nothing to start after it.
-                        ($crate::pipeline::Outcome::Ack(Some(reply)), None)
-                            if !unit.app.has_after_ack() =>
-                        {
-                            let settle = ::std::pin::pin!(unit.reply_and_ack(delivery, reply));
-                            if $crate::pipeline::or_abort(settle, aborted).await.is_none() {
-                                unit.aborted();
-                            }
-                        }
                         (outcome, follow_ups) => {
                             let settle = ::std::pin::pin!(
                                 unit.settle_outcome(delivery, outcome, follow_ups)

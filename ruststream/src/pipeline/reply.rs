@@ -8,19 +8,6 @@ use crate::subscriber::Subscriber;
 use crate::{Message, Text};
 
 impl<B: Broker, S: Subscriber> Unit<B, S> {
-    /// A handler's reply, published, then the ack: the request path of
-    /// [`settle_outcome`](Self::settle_outcome) without follow-ups (no
-    /// retry asked, no `after_ack` hook).
-    pub(crate) async fn reply_and_ack<D: Delivery>(&self, delivery: D, reply: bytes::Bytes) {
-        self.acked();
-        self.reply(&delivery, self.reply_message(reply), None).await;
-        let acked = match delivery.try_ack() {
-            Ok(acked) => acked,
-            Err(delivery) => delivery.ack().await,
-        };
-        self.settled(acked);
-    }
-
     /// The message of a handler's reply, with its codec's content type.
     pub(super) fn reply_message(&self, reply: bytes::Bytes) -> Message {
         let mut reply = Message::new(reply);
