@@ -3,6 +3,7 @@
 //! the bindings, so a transport needs nothing of the execution modes.
 
 use std::cell::Cell;
+use std::future::Future;
 use std::task::{Context, Poll};
 
 /// Publishes on one thread per unit of tokio's budget a publish spends.
@@ -31,4 +32,18 @@ pub(crate) fn poll_publish(cx: &mut Context<'_>) -> Poll<()> {
         return Poll::Ready(());
     }
     tokio::task::coop::poll_proceed(cx).map(|restore| restore.made_progress())
+}
+
+/// `f`, run where tokio's per-task budget is not spent: for a step that
+/// takes what a client already holds, which the runtime's own budget
+/// ([`crate::exec::budget`]) bounds instead.
+pub(crate) fn unconstrained<R>(f: impl FnOnce() -> R) -> R {
+    let mut f = Some(f);
+    let step = tokio::task::coop::unconstrained(std::future::poll_fn(|_| {
+        Poll::Ready(f.take().map(|f| f()))
+    }));
+    match std::pin::pin!(step).poll(&mut Context::from_waker(std::task::Waker::noop())) {
+        Poll::Ready(Some(output)) => output,
+        _ => unreachable!("a ready step runs once"),
+    }
 }

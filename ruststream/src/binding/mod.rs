@@ -281,6 +281,31 @@ macro_rules! read_ahead_of_one {
             $(let ahead = ahead.or_else(|| self.$buffered());)?
             ahead
         }
+
+        $(
+        /// What the client holds, up to `max`, as one step that tokio's
+        /// per-task budget does not cut short (the client's channels spend
+        /// it): the runtime keeps its own.
+        fn try_next_batch(&mut self, max: usize, batch: &mut Vec<$delivery>) -> usize {
+            let mut taken = 0;
+            if max > 0
+                && let Some(delivery) = self.ahead.take()
+            {
+                batch.push(delivery);
+                taken += 1;
+            }
+            $crate::coop::unconstrained(|| {
+                while taken < max {
+                    let Some(delivery) = self.$buffered() else {
+                        break;
+                    };
+                    batch.push(delivery);
+                    taken += 1;
+                }
+            });
+            taken
+        }
+        )?
     };
 }
 #[cfg(any(
