@@ -16,14 +16,19 @@ pub(crate) const CORRELATION_ID: &str = "ruststream-correlation-id";
 /// Header carrying the attempt of a core-NATS redelivery.
 pub(crate) const REDELIVERY: &str = "ruststream-redelivery";
 
+/// Whether `message` needs NATS headers: its own, a key or a correlation id.
+pub(crate) fn carries_headers(message: &Message) -> bool {
+    !message.headers().is_empty() || message.key().is_some() || message.correlation_id().is_some()
+}
+
 /// The NATS headers of `message`, `None` when it has none. A header name or
 /// value NATS cannot carry (control characters, `:` in a name) is a clear
 /// [`Error::Encode`], never a panic.
 pub(crate) fn headers(message: &Message) -> Result<Option<HeaderMap>> {
-    let headers = message.headers();
-    if headers.is_empty() && message.key().is_none() && message.correlation_id().is_none() {
+    if !carries_headers(message) {
         return Ok(None);
     }
+    let headers = message.headers();
     let mut map = HeaderMap::new();
     let mut put = |name: &str, value: &str| -> Result<()> {
         let bad = |what: &str| Error::Encode(format!("NATS cannot carry header {what}").into());

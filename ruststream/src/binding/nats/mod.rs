@@ -307,13 +307,10 @@ fn outbound(subject: &str, message: Message) -> Result<async_nats::message::Outb
     })
 }
 
-/// Whether the message is a payload alone: no headers, key, reply
-/// subject or correlation id for the client to carry.
+/// Whether the message is a payload alone: no headers and no reply
+/// subject for the client to carry.
 fn payload_only(message: &Message) -> bool {
-    message.headers().is_empty()
-        && message.key().is_none()
-        && message.reply_to().is_none()
-        && message.correlation_id().is_none()
+    message.reply_to().is_none() && !convert::carries_headers(message)
 }
 
 /// The client's publish future, boxed: kept only by a publish that found

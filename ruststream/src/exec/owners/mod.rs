@@ -162,6 +162,19 @@ impl<T, P> State<T, P> {
         })
     }
 
+    /// Counts an item just appended to `owner`'s FIFO and lists the owner
+    /// ready if it `became_ready`; the worker to wake once the lock is
+    /// released.
+    #[inline]
+    fn enqueued(&mut self, owner: u64, became_ready: bool) -> Option<Waker> {
+        self.total += 1;
+        if !became_ready {
+            return None;
+        }
+        self.ready.push_back(owner);
+        self.wake_one()
+    }
+
     /// Wakes one waiting worker, if any; returns its waker to wake once the
     /// lock is released.
     fn wake_one(&mut self) -> Option<Waker> {
@@ -299,13 +312,7 @@ impl<T, P> OwnerSet<T, P> {
             Entry::Vacant(e) => e.insert(Owner::new(state.spare.pop().unwrap_or_default())),
         };
         let (_, became_ready) = o.enqueue(item, Some(permit), bytes);
-        state.total += 1;
-        let worker = if became_ready {
-            state.ready.push_back(owner);
-            state.wake_one()
-        } else {
-            None
-        };
+        let worker = state.enqueued(owner, became_ready);
         drop(guard);
         if let Some(worker) = worker {
             worker.wake();
@@ -331,12 +338,7 @@ impl<T, P> OwnerSet<T, P> {
             Entry::Vacant(e) => e.insert(Owner::new(state.spare.pop().unwrap_or_default())),
         };
         let (seq, became_ready) = o.enqueue(item, permit, bytes);
-        state.total += 1;
-        if !became_ready {
-            return (seq, None);
-        }
-        state.ready.push_back(owner);
-        (seq, state.wake_one())
+        (seq, state.enqueued(owner, became_ready))
     }
 
     /// Whether a held record can move into its owner's FIFO: the receive
