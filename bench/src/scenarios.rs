@@ -148,7 +148,7 @@ async fn consume_batch100(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxErro
     Ok(t.start.until(t.consumed))
 }
 
-/// `threads(4)`: four dedicated threads fed through rings of 8.
+/// `threads(4)`: four dedicated threads, claiming in place while busy.
 async fn consume_threads4(payloads: Arc<[Bytes]>) -> Result<Measurement, BoxError> {
     #[subscriber("bench.threads", threads(4))]
     async fn handle(order: Order) {

@@ -17,9 +17,10 @@ static RING_GATE: Gate = Gate::new();
 static RING_STARTED: Notify = Notify::const_new();
 static WAITING_HANDLED: Notify = Notify::const_new();
 
-/// One thread: while its handler is held, the next record waits in its
-/// ring with the job permit it was received under.
-#[subscriber("jq.ring", threads(1))]
+/// One thread, by key: while its handler is held, the feeder has already
+/// put the next record in the thread's ring, with the job permit it was
+/// received under (without `by_key` a busy thread is not read ahead for).
+#[subscriber("jq.ring", threads(1, by_key))]
 async fn ring_source(_b: Bytes) {
     RING_STARTED.notify_one();
     RING_GATE.pass().await;

@@ -6,7 +6,7 @@
 //! | `batch(max, wait)` | the loop task | `max`, in one call | none: one permit per record |
 //! | `workers(n)` | `n` tasks on the app runtime | `n` | none: an idle worker takes its next delivery itself |
 //! | `workers(n, by_key)` | `n` tasks, one key at a time each | `n` | `max_pending` deliveries in owner FIFOs |
-//! | `threads(n)` | `n` OS threads, own runtimes | `n` | `n × 8` in rings (`n × 9` with the ones in hand) |
+//! | `threads(n)` | `n` OS threads, own runtimes | `n` | ≤ 8 per thread, claimed by a busy thread or pushed to an idle one (`n × 9` with the ones in hand) |
 
 pub(crate) mod batch;
 pub(crate) mod budget;
@@ -14,7 +14,9 @@ pub(crate) mod by_key;
 pub(crate) mod owners;
 pub(crate) mod ring;
 pub(crate) mod ring_wait;
+pub(crate) mod rings;
 pub(crate) mod sequential;
+pub(crate) mod shared_subscription;
 pub(crate) mod snooze_backoff;
 pub(crate) mod threads;
 pub(crate) mod workers;

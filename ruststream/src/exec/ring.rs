@@ -11,13 +11,20 @@
 //! feeder the waker of a thread that waits (its ring was empty), which the
 //! feeder wakes in a batch before it waits itself; taking an item wakes the
 //! feeder only if the ring was full and the feeder waits for space.
+//!
+//! Without `by_key`, a thread also claims deliveries in place (see
+//! [`threads`](super::threads)) and the feeder fills only the ring of an
+//! *idle* thread: the thread marks itself idle ([`set_idle`](Ring::set_idle))
+//! only with nothing in hand, in its ring or at the subscription, and only
+//! the feeder's push marks it busy again; so while a thread claims in place
+//! nobody else adds to its slots, and the two never fill one ring together.
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::{Mutex, MutexGuard};
 
 /// Slots per ring. The loom models use rings of 2, which have every
@@ -36,6 +43,9 @@ pub(crate) struct Ring<T> {
     /// "full" only, since the count can drop but never rise behind the
     /// feeder's back.
     len: AtomicUsize,
+    /// The thread has nothing to do and waits for the feeder (see the
+    /// module doc): set by the thread, cleared by the feeder's push.
+    idle: AtomicBool,
 }
 
 struct RingState<T> {
@@ -54,6 +64,7 @@ impl<T> Ring<T> {
                 reader: None,
             }),
             len: AtomicUsize::new(0),
+            idle: AtomicBool::new(false),
         }
     }
 
@@ -89,7 +100,30 @@ impl<T> Ring<T> {
         let added = state.items.len() - before;
         let len = self.len.fetch_add(added, Ordering::AcqRel) + added;
         debug_assert!(len <= RING_SLOTS, "feeder checks room first");
+        self.idle.store(false, Ordering::Release);
         state.reader.take()
+    }
+
+    /// The thread claimed `count` items in place, beside the ring: they hold
+    /// slots until [`start`](Self::start) like items taken from it.
+    pub(crate) fn claimed(&self, count: usize) {
+        let len = self.len.fetch_add(count, Ordering::AcqRel) + count;
+        debug_assert!(len <= RING_SLOTS, "a thread claims only its room");
+    }
+
+    /// The thread has nothing in hand or in its ring and found nothing to
+    /// claim: the feeder may fill its ring (it alone clears this, by its
+    /// push). The thread then wakes the feeder and waits for its ring.
+    pub(crate) fn set_idle(&self) {
+        debug_assert!(!self.has_items(), "an idle thread holds nothing");
+        // SeqCst, with the feeder's registration under the lock of `Rings`:
+        // the feeder either sees this or is woken after it.
+        self.idle.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the thread waits for the feeder to fill its ring.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.idle.load(Ordering::SeqCst)
     }
 
     /// Waits until the ring holds items and swaps them all into `taken`

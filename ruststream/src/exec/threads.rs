@@ -1,27 +1,37 @@
 //! `threads(n)`: `n` OS threads, each with its own current-thread Tokio
-//! runtime, fed by a task on the app runtime through rings of 8 slots. The
-//! feeder takes a delivery from the broker only when a ring has a free slot,
-//! so read-ahead never exceeds `n × 9` (8 in the ring, 1 in hand). A thread
-//! runs the whole delivery, decode to ack, on its own runtime; the handler
-//! future may therefore be `!Send`. An idle thread waits for its ring as
-//! [`ring_wait`](super::ring_wait) describes.
+//! runtime. A thread runs the whole delivery, decode to ack, on its own
+//! runtime; the handler future may therefore be `!Send`.
 //!
-//! With `by_key`, the feeder decodes (to compute the key) and routes every
-//! key to one thread, so a key's deliveries run in arrival order; it waits
-//! until every ring has a free slot before taking a delivery, keeping the
-//! same bound.
+//! A thread takes its next deliveries itself once its hands are empty: it
+//! claims what the subscription has at hand, up to the 8 slots of its ring,
+//! in place under the subscription's lock, each with a job permit taken
+//! first (JQ-4) — on a backlog, no hand-off and no wake-up between threads.
+//! Waiting is the feeder's part, a task on the app runtime: when a thread
+//! finds nothing to claim it turns idle, and the feeder waits with the
+//! subscription as every loop waits (ready, then a permit, then the claim),
+//! fills the idle threads' rings and wakes them. So a thread holds at most 8
+//! deliveries it has not started (read-ahead never exceeds `n × 9` with the
+//! ones in hand), the subscription is only ever polled on the app runtime,
+//! and the subscriber stands in the job queue's permit line once. An idle
+//! thread waits for its ring as [`ring_wait`](super::ring_wait) describes.
+//!
+//! With `by_key`, the feeder alone takes deliveries: it decodes (to compute
+//! the key) and routes every key to one thread, so a key's deliveries run in
+//! arrival order; it waits until every ring has a free slot before taking a
+//! delivery, keeping the same bound.
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
+use std::task::Waker;
 
 use tokio::sync::oneshot;
 
 use super::budget::Budget;
 use super::ring::{RING_SLOTS, Ring};
 use super::ring_wait::RingWait;
+use super::rings::{Fill, Rings};
+use super::shared_subscription::Shared;
 use super::slot;
 use super::snooze_backoff::SnoozeBackoff;
 use crate::binding::{Broker, Delivery, Subscription};
@@ -29,7 +39,6 @@ use crate::host::Stop;
 use crate::ingress::{JobPermit, JobQueue};
 use crate::pipeline::{Checked, Early, Unit, invoke};
 use crate::subscriber::Subscriber;
-use crate::sync::{Mutex, MutexGuard};
 
 type DeliveryOf<B> = <<B as Broker>::Subscription as Subscription>::Delivery;
 
@@ -37,35 +46,38 @@ type DeliveryOf<B> = <<B as Broker>::Subscription as Subscription>::Delivery;
 /// receive. One type per mode, so a ring slot is only as large as
 /// its mode needs (a plain delivery moves without a `memcpy` call).
 trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
-    /// Whether the feeder waits until every ring has a free slot (by key:
-    /// it learns the ring only after taking the delivery) or any one.
-    const ALL_RINGS: bool;
+    /// Which rings the feeder fills: an idle thread's (threads claim in
+    /// place), or any once all have room (by key).
+    const FILL: Fill;
 
-    /// Makes the job and pushes it into its ring (`free` had a slot),
-    /// returning the waker of a thread that waits for it; the delivery and
-    /// its permit back when it stops before the handler (settled by the
-    /// feeder).
+    /// Pushes the job made of the delivery the feeder took (when
+    /// [`Rings::find_space`] found `target`); without `by_key`, with it the
+    /// deliveries at hand now for every idle thread, `more` permitting (see
+    /// [`spread_at_hand`]). Returns how many it took beyond the first; the
+    /// delivery and its permit back when it stops before the handler
+    /// (settled by the feeder).
     #[allow(clippy::type_complexity)]
     fn push(
         unit: &Unit<B, S>,
-        rings: &[Ring<Self>],
+        feed: Feed<'_, B::Subscription, Self>,
         delivery: DeliveryOf<B>,
         permit: JobPermit,
-        free: usize,
-    ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)>;
+        target: usize,
+        more: bool,
+    ) -> Result<u32, (DeliveryOf<B>, Early, JobPermit)>;
 
-    /// After a push, takes the deliveries at hand now for the room left in
-    /// the rings and pushes them too; how many (see [`spread_at_hand`]).
-    /// None by default, as by key: there the feeder decodes each delivery
-    /// to find its ring, and takes one only when every ring has room.
-    fn push_at_hand(
-        _rings: &[Ring<Self>],
-        _subscription: &mut B::Subscription,
+    /// A thread with empty hands and an empty ring claims up to `max` of
+    /// the deliveries at hand itself, as far as its ring's room goes, into
+    /// `taken`; how many. None by default, as by key: keys keep their order
+    /// only through the feeder.
+    fn claim_in_place(
+        _ring: &Ring<Self>,
+        _max: usize,
+        _shared: &Shared<B::Subscription>,
         _jobs: &Arc<JobQueue>,
         _at_hand: &mut AtHand<DeliveryOf<B>>,
-        _cursor: &mut usize,
-        _wakes: &mut Wakes,
-    ) -> u32 {
+        _taken: &mut VecDeque<Self>,
+    ) -> usize {
         0
     }
 
@@ -83,28 +95,61 @@ trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
 struct Raw<D>(D, JobPermit);
 
 impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
-    const ALL_RINGS: bool = false;
+    const FILL: Fill = Fill::Idle;
 
-    #[inline]
     fn push(
         _: &Unit<B, S>,
-        rings: &[Ring<Self>],
+        feed: Feed<'_, B::Subscription, Self>,
         delivery: DeliveryOf<B>,
         permit: JobPermit,
-        free: usize,
-    ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)> {
-        Ok(rings[free].push(Raw(delivery, permit)))
+        target: usize,
+        more: bool,
+    ) -> Result<u32, (DeliveryOf<B>, Early, JobPermit)> {
+        Ok(spread_at_hand(
+            feed,
+            Raw(delivery, permit),
+            target,
+            more,
+            Raw,
+        ))
     }
 
-    fn push_at_hand(
-        rings: &[Ring<Self>],
-        subscription: &mut B::Subscription,
+    fn claim_in_place(
+        ring: &Ring<Self>,
+        max: usize,
+        shared: &Shared<B::Subscription>,
         jobs: &Arc<JobQueue>,
         at_hand: &mut AtHand<DeliveryOf<B>>,
-        cursor: &mut usize,
-        wakes: &mut Wakes,
-    ) -> u32 {
-        spread_at_hand(rings, subscription, jobs, at_hand, cursor, wakes, Raw)
+        taken: &mut VecDeque<Self>,
+    ) -> usize {
+        let room = ring.room().min(max);
+        // One permit first: with nothing at hand one goes back, not eight.
+        let Some(first) = (room > 0).then(|| jobs.try_acquire()).flatten() else {
+            return 0;
+        };
+        let AtHand {
+            permits, claimed, ..
+        } = at_hand;
+        permits.push(first);
+        let claim = |subscription: &mut B::Subscription| {
+            let Some(delivery) = subscription.try_next() else {
+                return 0;
+            };
+            claimed.push(delivery);
+            permits.extend(std::iter::from_fn(|| jobs.try_acquire()).take(room - 1));
+            1 + subscription.try_next_batch(permits.len() - 1, claimed)
+        };
+        // Not at hand (the feeder waits with it) or closed: nothing.
+        let got = shared.with(claim).unwrap_or(0);
+        ring.claimed(got);
+        // Dropping what is left of `permits` returns the ones not needed.
+        taken.extend(
+            claimed
+                .drain(..)
+                .zip(permits.drain(..))
+                .map(|(delivery, permit)| Raw(delivery, permit)),
+        );
+        got
     }
 
     #[inline]
@@ -124,20 +169,24 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
 struct Decoded<D, Body>(D, Body, JobPermit);
 
 impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
-    const ALL_RINGS: bool = true;
+    const FILL: Fill = Fill::AllHaveRoom;
 
     fn push(
         unit: &Unit<B, S>,
-        rings: &[Ring<Self>],
+        feed: Feed<'_, B::Subscription, Self>,
         delivery: DeliveryOf<B>,
         permit: JobPermit,
         _: usize,
-    ) -> Result<Option<Waker>, (DeliveryOf<B>, Early, JobPermit)> {
+        _: bool,
+    ) -> Result<u32, (DeliveryOf<B>, Early, JobPermit)> {
         match unit.check(&delivery) {
             Checked::Body(body) => {
                 let key = unit.subscriber.key(&body, delivery.envelope());
-                let ring = &rings[slot(key, rings.len())];
-                Ok(ring.push(Decoded(delivery, body, permit)))
+                let ring = &feed.rings[slot(key, feed.rings.len())];
+                if let Some(waker) = ring.push(Decoded(delivery, body, permit)) {
+                    feed.wakes.0.push(waker);
+                }
+                Ok(0)
             }
             Checked::Early(early) => Err((delivery, early, permit)),
         }
@@ -149,95 +198,6 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
         _: &Unit<B, S>,
     ) -> Result<(DeliveryOf<B>, S::Body, JobPermit), (DeliveryOf<B>, Early, JobPermit)> {
         Ok((self.0, self.1, self.2))
-    }
-}
-
-/// How many times a feeder whose rings are all full gives its CPU away
-/// before it waits (see [`Rings::snooze_for_space`]): 1–3 measured best on
-/// 2 cores with `threads(4)`, more kept the threads from the CPU.
-const FEEDER_SNOOZES: usize = 3;
-
-pub(crate) struct Rings<T> {
-    pub(crate) rings: Vec<Ring<T>>,
-    /// The feeder, while it waits for a free slot. Threads wake it only
-    /// when their ring goes from full to not full.
-    feeder: Mutex<Option<Waker>>,
-}
-
-impl<T> Rings<T> {
-    /// `n` empty rings.
-    pub(crate) fn new(n: usize) -> Self {
-        Rings {
-            rings: (0..n).map(|_| Ring::new()).collect(),
-            feeder: Mutex::new(None),
-        }
-    }
-
-    fn feeder(&self) -> MutexGuard<'_, Option<Waker>> {
-        self.feeder.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A ring with a free slot now (round robin from `cursor`), or — with
-    /// `all` — whether every ring has one.
-    pub(crate) fn find_space(&self, all: bool, cursor: &mut usize) -> Option<usize> {
-        if all {
-            return self.rings.iter().all(Ring::has_space).then_some(0);
-        }
-        // Round robin without a division per step: `cursor < n` always.
-        let n = self.rings.len();
-        let wrap = |i: usize| if i >= n { i - n } else { i };
-        let i = (0..n)
-            .map(|k| wrap(*cursor + k))
-            .find(|&i| self.rings[i].has_space())?;
-        *cursor = wrap(i + 1);
-        Some(i)
-    }
-
-    /// [`find_space`](Self::find_space), giving the CPU away up to
-    /// [`FEEDER_SNOOZES`] times for a thread to free a slot.
-    ///
-    /// This blocks the feeder's runtime thread for a few `sched_yield`
-    /// calls: the threads it waits for are often runnable on that very CPU,
-    /// and handing it to them directly beats a wake-up through Tokio's
-    /// driver (a futex or eventfd call each way) per ring of 8. The threads
-    /// owed a wake-up must have it first. `backoff` says when it does not
-    /// pay.
-    fn snooze_for_space(
-        &self,
-        all: bool,
-        cursor: &mut usize,
-        backoff: &mut SnoozeBackoff,
-    ) -> Option<usize> {
-        backoff.snooze(FEEDER_SNOOZES, || self.find_space(all, cursor))
-    }
-
-    /// Waits for [`find_space`](Self::find_space).
-    pub(crate) async fn wait_space(&self, all: bool, cursor: &mut usize) -> usize {
-        poll_fn(|cx| {
-            if let Some(i) = self.find_space(all, cursor) {
-                return Poll::Ready(i);
-            }
-            // Register, then look again: a ring that lost its full state in
-            // between is seen now, one that loses it later wakes us (its
-            // thread takes this lock after its pop).
-            *self.feeder() = Some(cx.waker().clone());
-            match self.find_space(all, cursor) {
-                Some(i) => {
-                    *self.feeder() = None;
-                    Poll::Ready(i)
-                }
-                None => Poll::Pending,
-            }
-        })
-        .await
-    }
-
-    /// A ring went from full to not full.
-    pub(crate) fn freed(&self) {
-        let feeder = self.feeder().take();
-        if let Some(feeder) = feeder {
-            feeder.wake();
-        }
     }
 }
 
@@ -257,27 +217,36 @@ pub(crate) async fn run<B: Broker, S: Subscriber>(
 
 async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     unit: Arc<Unit<B, S>>,
-    mut subscription: B::Subscription,
+    subscription: B::Subscription,
     stop: Stop,
     n: usize,
 ) {
-    let by_key = J::ALL_RINGS;
-    let rings: Arc<Rings<J>> = Arc::new(Rings::new(n));
+    let fill = J::FILL;
+    let rings: Arc<Rings<J>> = Arc::new(Rings::new(n, fill));
+    let shared = Arc::new(Shared::new(subscription));
+    // Threads claim on the app runtime's context: a binding may make a
+    // timer or a task while it hands a delivery out, and those belong with
+    // the subscription, not with a thread's runtime.
+    let app = tokio::runtime::Handle::current();
     let mut finished = Vec::with_capacity(n);
     for index in 0..n {
         let (done, finished_rx) = oneshot::channel::<()>();
         finished.push(finished_rx);
-        let thread_unit = Arc::clone(&unit);
-        let rings = Arc::clone(&rings);
+        let thread = Thread {
+            unit: Arc::clone(&unit),
+            rings: Arc::clone(&rings),
+            shared: Arc::clone(&shared),
+            stop: stop.clone(),
+            app: app.clone(),
+            index,
+        };
         let name = format!("ruststream-thread-{index}");
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
             match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
-                Ok(runtime) => {
-                    runtime.block_on(thread_loop::<B, S, J>(&thread_unit, &rings, index))
-                }
+                Ok(runtime) => runtime.block_on(thread.run()),
                 Err(err) => {
                     tracing::error!(error = %err, "cannot start a dedicated thread's runtime")
                 }
@@ -291,7 +260,10 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     }
 
     let jobs = Arc::clone(unit.app.jobs());
-    let closer = CloseOnDrop(&rings.rings);
+    let closer = CloseOnDrop {
+        rings: &rings.rings,
+        shared: &shared,
+    };
     // Threads that wait for the items pushed since the feeder last waited:
     // woken together right before the feeder waits (or ends), one wake-up
     // per batch rather than per delivery.
@@ -302,25 +274,39 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     let mut budget = Budget::new();
     let mut at_hand = AtHand::new();
     let mut backoff = SnoozeBackoff::new();
+    // The subscription while the feeder has it out. By key it keeps it;
+    // otherwise it gives it back before it waits for an idle thread, so
+    // the busy ones claim in place meanwhile.
+    let mut held = None;
     loop {
-        let target = match rings.find_space(by_key, &mut cursor) {
+        let target = match rings.find_space(fill, &mut cursor) {
             Some(target) => target,
             None => {
                 wakes.flush();
-                match rings.snooze_for_space(by_key, &mut cursor, &mut backoff) {
+                if fill == Fill::Idle {
+                    held = None;
+                }
+                match rings.snooze_for_space(fill, &mut cursor, &mut backoff) {
                     Some(target) => target,
                     None => tokio::select! {
                         biased;
-                        target = rings.wait_space(by_key, &mut cursor) => target,
+                        target = rings.wait_space(fill, &mut cursor) => target,
                         () = &mut stopped => break,
                     },
                 }
             }
         };
+        let subscription = match &mut held {
+            Some(subscription) => subscription,
+            None => match shared.take(stopped.as_mut()).await {
+                Some(subscription) => held.insert(subscription),
+                None => break,
+            },
+        };
         // Permit before receive (JQ-4); it travels with the delivery. The
         // threads owed a wake-up get it before the feeder waits or yields.
         let Some((delivery, permit)) = super::receive!(
-            &mut subscription,
+            &mut **subscription,
             jobs,
             jobs.try_acquire(),
             jobs.acquire(),
@@ -331,46 +317,46 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
         ) else {
             break;
         };
-        match J::push(&unit, &rings.rings, delivery, permit, target) {
-            Ok(Some(waker)) => wakes.0.push(waker),
-            Ok(None) => {}
+        let feed = Feed {
+            rings: &rings.rings,
+            subscription: &mut **subscription,
+            jobs: &jobs,
+            at_hand: &mut at_hand,
+            cursor: &mut cursor,
+            wakes: &mut wakes,
+        };
+        let more = match J::push(&unit, feed, delivery, permit, target, !stop.is_stopped()) {
+            Ok(more) => more,
             Err((delivery, early, permit)) => {
                 wakes.flush();
                 Box::pin(unit.settle_early(delivery, early)).await;
                 drop(permit);
                 continue;
             }
-        }
-        if stop.is_stopped() {
-            continue;
-        }
-        let more = J::push_at_hand(
-            &rings.rings,
-            &mut subscription,
-            &jobs,
-            &mut at_hand,
-            &mut cursor,
-            &mut wakes,
-        );
+        };
         // Yield before the next take when these spent the budget, or took
         // the last free permit (as `receive!` does).
         if budget.spend_many(more) || jobs.saturated() {
             budget.end_batch();
         }
     }
+    drop(held);
     drop(wakes);
-    // Threads drain their rings (deliveries in hand are processed and
-    // settled), then end.
+    // Threads drain their rings and hands (deliveries in hand are processed
+    // and settled), then end; the subscription goes last, here.
     drop(closer);
     for thread in finished {
         let _ = thread.await;
     }
+    drop(shared.take_closed());
 }
 
-/// Reused buffers of [`spread_at_hand`].
+/// Reused buffers of [`spread_at_hand`] and [`Job::claim_in_place`].
 struct AtHand<D> {
     permits: Vec<JobPermit>,
     claimed: Vec<D>,
+    /// The idle rings the feeder fills in one go.
+    idle: Vec<usize>,
 }
 
 impl<D> AtHand<D> {
@@ -378,109 +364,186 @@ impl<D> AtHand<D> {
         AtHand {
             permits: Vec::new(),
             claimed: Vec::new(),
+            idle: Vec::new(),
         }
     }
 }
 
-/// Takes as many deliveries as the subscription has at hand now and the
-/// rings have room for, each with a job permit taken before it is claimed
-/// (JQ-4), and never waits; returns how many. A backlog thus fills the
-/// rings with one claim (one lock of the memory Core's queue) and one lock
-/// per ring, rather than both per delivery.
+/// What the feeder fills the rings with.
+struct Feed<'a, Sub: Subscription, T> {
+    rings: &'a [Ring<T>],
+    subscription: &'a mut Sub,
+    jobs: &'a Arc<JobQueue>,
+    at_hand: &'a mut AtHand<Sub::Delivery>,
+    cursor: &'a mut usize,
+    wakes: &'a mut Wakes,
+}
+
+/// Pushes `first` and — with `more` — as many deliveries as the
+/// subscription has at hand now and the rings of the idle threads have
+/// room for, each with a job permit taken before it is claimed (JQ-4),
+/// without waiting; returns how many beyond `first`. A backlog that meets
+/// idle threads thus reaches all of them with one claim (one lock of the
+/// memory Core's queue) and one lock per ring.
 ///
-/// They are shared out round robin from `cursor`, each ring with room an
-/// equal part as far as its room goes, so deliveries at hand spread over
-/// the threads as single ones do: a thread never idles while another's
-/// ring holds the work.
+/// They are shared out round robin from `target` (an idle thread's ring),
+/// one push per ring: a push ends a thread's idle state, and with it the
+/// feeder's right to add to its slots (the thread may claim in place from
+/// then on).
 fn spread_at_hand<Sub: Subscription, T>(
-    rings: &[Ring<T>],
-    subscription: &mut Sub,
-    jobs: &Arc<JobQueue>,
-    at_hand: &mut AtHand<Sub::Delivery>,
-    cursor: &mut usize,
-    wakes: &mut Wakes,
+    feed: Feed<'_, Sub, T>,
+    first: T,
+    target: usize,
+    more: bool,
     job: impl Fn(Sub::Delivery, JobPermit) -> T,
 ) -> u32 {
-    let room: usize = rings.iter().map(Ring::room).sum();
-    // One delivery first: with nothing at hand (a trickle, not a backlog)
-    // one permit goes back, not a permit for every free slot.
-    let Some(first) = (room > 0).then(|| jobs.try_acquire()).flatten() else {
-        return 0;
-    };
-    let Some(delivery) = subscription.try_next() else {
-        return 0;
-    };
-    let AtHand { permits, claimed } = at_hand;
-    claimed.push(delivery);
-    permits.push(first);
-    permits.extend(std::iter::from_fn(|| jobs.try_acquire()).take(room - 1));
-    let taken = 1 + subscription.try_next_batch(permits.len() - 1, claimed);
-    // Dropping what is left of `permits` returns the ones not needed.
-    let mut jobs = claimed
-        .drain(..)
-        .zip(permits.drain(..))
-        .map(|(delivery, permit)| job(delivery, permit));
+    let Feed {
+        rings,
+        subscription,
+        jobs,
+        at_hand,
+        cursor,
+        wakes,
+    } = feed;
     let n = rings.len();
     let wrap = |i: usize| if i >= n { i - n } else { i };
-    let mut left = taken;
-    // Room only grows behind the feeder's back, so the rings that had it
-    // take everything; a ring that holds less than its share leaves the
-    // rest to the next pass.
-    while left > 0 {
-        let with_room = rings.iter().filter(|ring| ring.has_space()).count();
-        if with_room == 0 {
-            debug_assert!(false, "the rings had room for all");
+    let AtHand {
+        permits,
+        claimed,
+        idle,
+    } = at_hand;
+    // Only the feeder ends an idle state: these stay idle until it pushes.
+    idle.clear();
+    idle.extend(
+        (0..n)
+            .map(|k| wrap(target + k))
+            .filter(|&i| rings[i].is_idle()),
+    );
+    debug_assert_eq!(idle.first(), Some(&target), "the target is idle");
+    let room: usize = idle.iter().map(|&i| rings[i].room()).sum();
+    // One more delivery first: with nothing more at hand (a trickle, not a
+    // backlog) one permit goes back, not a permit for every free slot.
+    let mut taken = 0;
+    if more
+        && room > 1
+        && let Some(second) = jobs.try_acquire()
+        && let Some(delivery) = subscription.try_next()
+    {
+        claimed.push(delivery);
+        permits.push(second);
+        permits.extend(std::iter::from_fn(|| jobs.try_acquire()).take(room - 2));
+        taken = 1 + subscription.try_next_batch(permits.len() - 1, claimed);
+    }
+    // Dropping what is left of `permits` returns the ones not needed.
+    let mut jobs = std::iter::once(first).chain(
+        claimed
+            .drain(..)
+            .zip(permits.drain(..))
+            .map(|(delivery, permit)| job(delivery, permit)),
+    );
+    let mut left = 1 + taken;
+    for (k, &at) in idle.iter().enumerate() {
+        if left == 0 {
             break;
         }
-        let share = left.div_ceil(with_room);
-        for k in 0..n {
-            let at = wrap(*cursor + k);
-            let put = rings[at].room().min(share).min(left);
-            if put == 0 {
-                continue;
-            }
-            if let Some(waker) = rings[at].push_all(jobs.by_ref().take(put)) {
-                wakes.0.push(waker);
-            }
-            left -= put;
-            *cursor = wrap(at + 1);
-            if left == 0 {
-                break;
-            }
+        // An equal share of what is left for each ring left; an idle ring
+        // is empty, so every share fits.
+        let put = left.div_ceil(idle.len() - k).min(rings[at].room());
+        if let Some(waker) = rings[at].push_all(jobs.by_ref().take(put)) {
+            wakes.0.push(waker);
         }
+        left -= put;
+        *cursor = wrap(at + 1);
     }
+    debug_assert_eq!(left, 0, "the idle rings had room for all");
     u32::try_from(taken).unwrap_or(u32::MAX)
 }
 
-async fn thread_loop<B: Broker, S: Subscriber, J: Job<B, S>>(
-    unit: &Unit<B, S>,
-    rings: &Rings<J>,
+/// What a dedicated thread works with.
+struct Thread<B: Broker, S: Subscriber, J> {
+    unit: Arc<Unit<B, S>>,
+    rings: Arc<Rings<J>>,
+    shared: Arc<Shared<B::Subscription>>,
+    stop: Stop,
+    /// The app runtime, whose context a claim in place runs in.
+    app: tokio::runtime::Handle,
     index: usize,
-) {
-    let ring = &rings.rings[index];
-    let mut wait = RingWait::new();
-    let mut taken = VecDeque::with_capacity(RING_SLOTS);
-    // A traced `!Send` handler has no stack to take its span: its own path.
-    let traced_local = unit.traced && unit.service.is_none();
-    while wait.take_all(ring, &mut taken).await {
-        while let Some(job) = taken.pop_front() {
-            ring.start(|| rings.freed());
-            // JQ-4 step 5: the permit returns right before the handler (or after
-            // a malformed record's bounded processing). Each delivery runs inside
-            // this loop's own future (`invoke!`), never in a future moved into it.
-            match job.open(unit) {
-                Ok((delivery, body, permit)) => {
-                    drop(permit);
-                    if traced_local {
-                        Box::pin(unit.traced_local(delivery, body)).await;
-                    } else {
-                        invoke!(unit, delivery, handle(body));
+}
+
+impl<B: Broker, S: Subscriber, J: Job<B, S>> Thread<B, S, J> {
+    async fn run(self) {
+        let Thread {
+            unit,
+            rings,
+            shared,
+            stop,
+            app,
+            index,
+        } = &self;
+        let ring = &rings.rings[*index];
+        let jobs = Arc::clone(unit.app.jobs());
+        let mut wait = RingWait::new();
+        let mut taken = VecDeque::with_capacity(RING_SLOTS);
+        let mut at_hand = AtHand::new();
+        let mut budget = Budget::new();
+        // A traced `!Send` handler has no stack to take its span: its own path.
+        let traced_local = unit.traced && unit.service.is_none();
+        // By key the feeder waits for room in every ring; otherwise only
+        // for an idle thread, which says so itself.
+        let freed = || {
+            if J::FILL == Fill::AllHaveRoom {
+                rings.freed();
+            }
+        };
+        let claims = J::FILL == Fill::Idle;
+        loop {
+            // The feeder's part: always by key, otherwise when idle (from
+            // the start, so the feeder spreads a first backlog evenly).
+            if taken.is_empty() && !wait.take_all(ring, &mut taken).await {
+                break;
+            }
+            while let Some(job) = taken.pop_front() {
+                ring.start(freed);
+                // JQ-4 step 5: the permit returns right before the handler (or
+                // after a malformed record's bounded processing). Each delivery
+                // runs inside this loop's own future (`invoke!`), never in a
+                // future moved into it.
+                match job.open(unit) {
+                    Ok((delivery, body, permit)) => {
+                        drop(permit);
+                        if traced_local {
+                            Box::pin(unit.traced_local(delivery, body)).await;
+                        } else {
+                            invoke!(unit, delivery, handle(body));
+                        }
+                    }
+                    Err((delivery, early, permit)) => {
+                        Box::pin(unit.settle_early(delivery, early)).await;
+                        drop(permit);
                     }
                 }
-                Err((delivery, early, permit)) => {
-                    Box::pin(unit.settle_early(delivery, early)).await;
-                    drop(permit);
+            }
+            if !claims || ring.has_items() {
+                continue;
+            }
+            if !stop.is_stopped() {
+                // A batch only while no other thread is idle: deliveries at
+                // hand never wait behind this thread's handler while another
+                // thread could take them (the feeder serves the idle ones).
+                let others_idle = rings.rings.iter().any(Ring::is_idle);
+                let max = if others_idle { 1 } else { RING_SLOTS };
+                let entered = app.enter();
+                let got = J::claim_in_place(ring, max, shared, &jobs, &mut at_hand, &mut taken);
+                drop(entered);
+                // Tasks a handler spawned on this runtime get their turn.
+                if budget.spend_many(u32::try_from(got).unwrap_or(u32::MAX)) {
+                    tokio::task::yield_now().await;
                 }
+            }
+            if taken.is_empty() {
+                // Nothing here: the feeder fills this ring when it can.
+                ring.set_idle();
+                rings.freed();
             }
         }
     }
@@ -504,13 +567,18 @@ impl Drop for Wakes {
     }
 }
 
-/// Closes the rings however the feeder ends (also when it is aborted), so the
-/// threads drain them and end.
-struct CloseOnDrop<'a, T>(&'a [Ring<T>]);
+/// Closes the rings and the shared subscription however the feeder ends
+/// (also when it is aborted), so the threads claim no more, drain their
+/// rings and end.
+struct CloseOnDrop<'a, T, Sub> {
+    rings: &'a [Ring<T>],
+    shared: &'a Shared<Sub>,
+}
 
-impl<T> Drop for CloseOnDrop<'_, T> {
+impl<T, Sub> Drop for CloseOnDrop<'_, T, Sub> {
     fn drop(&mut self) {
-        for ring in self.0 {
+        self.shared.close();
+        for ring in self.rings {
             ring.close();
         }
     }

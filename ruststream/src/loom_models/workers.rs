@@ -10,7 +10,7 @@ use loom::sync::Mutex;
 use loom::thread;
 
 use super::{check, check_bounded};
-use crate::exec::workers::{Out, Shared};
+use crate::exec::shared_subscription::{Out, Shared};
 
 /// `workers` workers share a "subscription" of `items` records, each
 /// taking one record in place and the next with the subscription taken out

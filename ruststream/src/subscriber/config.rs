@@ -65,9 +65,10 @@ pub enum Mode {
         /// Keep per-key order.
         by_key: bool,
     },
-    /// `n` OS threads, each with its own current-thread runtime, fed through
-    /// rings of 8 slots; read-ahead at most `n × 9`. Handlers may be
-    /// `!Send`.
+    /// `n` OS threads, each with its own current-thread runtime; a busy
+    /// thread claims its next deliveries itself, an idle one is fed by a
+    /// task on the app runtime through its ring of 8 slots; read-ahead at
+    /// most `n × 9`. Handlers may be `!Send`.
     Threads {
         /// Dedicated threads.
         n: usize,
