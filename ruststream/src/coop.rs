@@ -3,7 +3,6 @@
 //! the bindings, so a transport needs nothing of the execution modes.
 
 use std::cell::Cell;
-use std::future::Future;
 use std::task::{Context, Poll};
 
 /// Publishes on one thread per unit of tokio's budget a publish spends.
@@ -37,7 +36,11 @@ pub(crate) fn poll_publish(cx: &mut Context<'_>) -> Poll<()> {
 /// `f`, run where tokio's per-task budget is not spent: for a step that
 /// takes what a client already holds, which the runtime's own budget
 /// ([`crate::exec::budget`]) bounds instead.
+/// (Only the bindings whose clients buffer deliveries take such steps.)
+#[cfg(any(feature = "nats", feature = "redis"))]
 pub(crate) fn unconstrained<R>(f: impl FnOnce() -> R) -> R {
+    use std::future::Future;
+
     let mut f = Some(f);
     let step = tokio::task::coop::unconstrained(std::future::poll_fn(|_| {
         Poll::Ready(f.take().map(|f| f()))

@@ -285,10 +285,15 @@ async fn rt5_threads_read_ahead_is_at_most_n_times_9_and_handlers_run_on_dedicat
         (2..=2 * 9).contains(&left_the_broker),
         "at most n x 9 deliveries left the broker, {left_the_broker} did"
     );
+    // JQ-4: each one waiting holds its job permit; the two in hand gave
+    // theirs back right before their handlers.
+    let app = running.handle().clone();
+    assert_eq!(app.pressure().in_use, left_the_broker - 2);
 
     T_GATE.open();
     within(10, "all handled", T_ALL.notified()).await;
     running.shutdown().await.unwrap();
+    assert_eq!(app.pressure().in_use, 0, "every permit returned");
     assert!(
         !T_WRONG_THREAD.load(Ordering::SeqCst),
         "handlers run on dedicated threads"

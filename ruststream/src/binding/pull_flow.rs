@@ -22,6 +22,7 @@ impl Default for PullFlow {
 
 impl PullFlow {
     /// Whether the flow is paused now.
+    #[cfg(feature = "mqtt")]
     pub(crate) fn is_paused(&self) -> bool {
         *self.paused.borrow()
     }

@@ -36,7 +36,7 @@ use super::slot;
 use super::snooze_backoff::SnoozeBackoff;
 use crate::binding::{Broker, Delivery, Subscription};
 use crate::host::Stop;
-use crate::ingress::{JobPermit, JobQueue};
+use crate::ingress::{JobPermit, JobQueue, Permits};
 use crate::pipeline::{Checked, Early, Unit, invoke};
 use crate::subscriber::Subscriber;
 
@@ -70,12 +70,13 @@ trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
     /// the deliveries at hand itself, as far as its ring's room goes, into
     /// `taken`; how many. None by default, as by key: keys keep their order
     /// only through the feeder.
-    fn claim_in_place(
+    fn claim_in_place<'j>(
         _ring: &Ring<Self>,
         _max: usize,
         _shared: &Shared<B::Subscription>,
-        _jobs: &Arc<JobQueue>,
-        _at_hand: &mut AtHand<DeliveryOf<B>>,
+        _jobs: &'j JobQueue,
+        _held: &mut Permits<'j>,
+        _claimed: &mut Vec<DeliveryOf<B>>,
         _taken: &mut VecDeque<Self>,
     ) -> usize {
         0
@@ -88,11 +89,16 @@ trait Job<B: Broker, S: Subscriber>: Send + Sized + 'static {
     fn open(
         self,
         unit: &Unit<B, S>,
-    ) -> Result<(DeliveryOf<B>, S::Body, JobPermit), (DeliveryOf<B>, Early, JobPermit)>;
+    ) -> Result<(DeliveryOf<B>, S::Body, Permit), (DeliveryOf<B>, Early, Permit)>;
 }
 
-/// A raw delivery, decoded by its thread, into the next ring with room.
-struct Raw<D>(D, JobPermit);
+/// A job's permit: `None` for one its thread claimed in place, whose permit
+/// is one of the count the thread holds for its claims (taken and given
+/// back in bulk, with no reference count per permit).
+type Permit = Option<JobPermit>;
+
+/// A raw delivery, decoded by its thread.
+struct Raw<D>(D, Permit);
 
 impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
     const FILL: Fill = Fill::Idle;
@@ -105,50 +111,46 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
         target: usize,
         more: bool,
     ) -> Result<u32, (DeliveryOf<B>, Early, JobPermit)> {
+        let job = |delivery, permit| Raw(delivery, Some(permit));
         Ok(spread_at_hand(
             feed,
-            Raw(delivery, permit),
+            job(delivery, permit),
             target,
             more,
-            Raw,
+            job,
         ))
     }
 
-    fn claim_in_place(
+    fn claim_in_place<'j>(
         ring: &Ring<Self>,
         max: usize,
         shared: &Shared<B::Subscription>,
-        jobs: &Arc<JobQueue>,
-        at_hand: &mut AtHand<DeliveryOf<B>>,
+        jobs: &'j JobQueue,
+        held: &mut Permits<'j>,
+        claimed: &mut Vec<DeliveryOf<B>>,
         taken: &mut VecDeque<Self>,
     ) -> usize {
         let room = ring.room().min(max);
         // One permit first: with nothing at hand one goes back, not eight.
-        let Some(first) = (room > 0).then(|| jobs.try_acquire()).flatten() else {
+        let mut permits = jobs.try_acquire_up_to(room.min(1));
+        if permits.is_empty() {
             return 0;
-        };
-        let AtHand {
-            permits, claimed, ..
-        } = at_hand;
-        permits.push(first);
+        }
         let claim = |subscription: &mut B::Subscription| {
             let Some(delivery) = subscription.try_next() else {
                 return 0;
             };
             claimed.push(delivery);
-            permits.extend(std::iter::from_fn(|| jobs.try_acquire()).take(room - 1));
+            permits.merge(jobs.try_acquire_up_to(room - 1));
             1 + subscription.try_next_batch(permits.len() - 1, claimed)
         };
         // Not at hand (the feeder waits with it) or closed: nothing.
         let got = shared.with(claim).unwrap_or(0);
+        // The ones not needed go back; the rest are the thread's to hold.
+        permits.truncate(got);
+        held.merge(permits);
         ring.claimed(got);
-        // Dropping what is left of `permits` returns the ones not needed.
-        taken.extend(
-            claimed
-                .drain(..)
-                .zip(permits.drain(..))
-                .map(|(delivery, permit)| Raw(delivery, permit)),
-        );
+        taken.extend(claimed.drain(..).map(|delivery| Raw(delivery, None)));
         got
     }
 
@@ -156,7 +158,7 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Raw<DeliveryOf<B>> {
     fn open(
         self,
         unit: &Unit<B, S>,
-    ) -> Result<(DeliveryOf<B>, S::Body, JobPermit), (DeliveryOf<B>, Early, JobPermit)> {
+    ) -> Result<(DeliveryOf<B>, S::Body, Permit), (DeliveryOf<B>, Early, Permit)> {
         let Raw(delivery, permit) = self;
         match unit.check(&delivery) {
             Checked::Body(body) => Ok((delivery, body, permit)),
@@ -196,8 +198,8 @@ impl<B: Broker, S: Subscriber> Job<B, S> for Decoded<DeliveryOf<B>, S::Body> {
     fn open(
         self,
         _: &Unit<B, S>,
-    ) -> Result<(DeliveryOf<B>, S::Body, JobPermit), (DeliveryOf<B>, Early, JobPermit)> {
-        Ok((self.0, self.1, self.2))
+    ) -> Result<(DeliveryOf<B>, S::Body, Permit), (DeliveryOf<B>, Early, Permit)> {
+        Ok((self.0, self.1, Some(self.2)))
     }
 }
 
@@ -351,7 +353,7 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     drop(shared.take_closed());
 }
 
-/// Reused buffers of [`spread_at_hand`] and [`Job::claim_in_place`].
+/// Reused buffers of [`spread_at_hand`].
 struct AtHand<D> {
     permits: Vec<JobPermit>,
     claimed: Vec<D>,
@@ -484,7 +486,9 @@ impl<B: Broker, S: Subscriber, J: Job<B, S>> Thread<B, S, J> {
         let jobs = Arc::clone(unit.app.jobs());
         let mut wait = RingWait::new();
         let mut taken = VecDeque::with_capacity(RING_SLOTS);
-        let mut at_hand = AtHand::new();
+        let mut claimed = Vec::with_capacity(RING_SLOTS);
+        // The permits of the jobs this thread claimed in place.
+        let mut held = jobs.no_permits();
         let mut budget = Budget::new();
         // A traced `!Send` handler has no stack to take its span: its own path.
         let traced_local = unit.traced && unit.service.is_none();
@@ -510,7 +514,7 @@ impl<B: Broker, S: Subscriber, J: Job<B, S>> Thread<B, S, J> {
                 // future moved into it.
                 match job.open(unit) {
                     Ok((delivery, body, permit)) => {
-                        drop(permit);
+                        give_back(permit, &mut held);
                         if traced_local {
                             Box::pin(unit.traced_local(delivery, body)).await;
                         } else {
@@ -519,7 +523,7 @@ impl<B: Broker, S: Subscriber, J: Job<B, S>> Thread<B, S, J> {
                     }
                     Err((delivery, early, permit)) => {
                         Box::pin(unit.settle_early(delivery, early)).await;
-                        drop(permit);
+                        give_back(permit, &mut held);
                     }
                 }
             }
@@ -533,7 +537,15 @@ impl<B: Broker, S: Subscriber, J: Job<B, S>> Thread<B, S, J> {
                 let others_idle = rings.rings.iter().any(Ring::is_idle);
                 let max = if others_idle { 1 } else { RING_SLOTS };
                 let entered = app.enter();
-                let got = J::claim_in_place(ring, max, shared, &jobs, &mut at_hand, &mut taken);
+                let got = J::claim_in_place(
+                    ring,
+                    max,
+                    shared,
+                    &jobs,
+                    &mut held,
+                    &mut claimed,
+                    &mut taken,
+                );
                 drop(entered);
                 // Tasks a handler spawned on this runtime get their turn.
                 if budget.spend_many(u32::try_from(got).unwrap_or(u32::MAX)) {
@@ -546,6 +558,16 @@ impl<B: Broker, S: Subscriber, J: Job<B, S>> Thread<B, S, J> {
                 rings.freed();
             }
         }
+    }
+}
+
+/// Gives a job's permit back: its own, or one of the count `held` for the
+/// jobs claimed in place.
+#[inline]
+fn give_back(permit: Permit, held: &mut Permits<'_>) {
+    match permit {
+        Some(permit) => drop(permit),
+        None => held.truncate(held.len() - 1),
     }
 }
 

@@ -28,7 +28,7 @@ mod permits;
 mod pressure;
 mod settings;
 
-pub(crate) use permits::BorrowedPermit;
+pub(crate) use permits::{BorrowedPermit, Permits};
 pub use permits::{JobPermit, JobQueue, ReceiveFlow, SourceRegistration};
 pub use pressure::{Pressure, PressureState, Thresholds};
 pub use settings::{JobQueueProfile, JobQueueSettings};
