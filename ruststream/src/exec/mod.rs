@@ -11,6 +11,7 @@
 pub(crate) mod batch;
 pub(crate) mod budget;
 pub(crate) mod by_key;
+mod feed;
 pub(crate) mod owners;
 pub(crate) mod ring;
 pub(crate) mod ring_wait;

@@ -26,9 +26,11 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Mutex, MutexGuard};
 
 mod owner;
+mod refusal;
 mod wait;
 
 use owner::{Owner, Queued};
+pub(crate) use refusal::Refusal;
 pub(crate) use wait::Sleep;
 use wait::register_space;
 
@@ -42,43 +44,6 @@ pub(crate) struct OwnerLimits {
     /// Items all owners may hold together, held records included: the
     /// read-ahead bound of a by-key subscriber.
     pub(crate) max_total: usize,
-}
-
-/// Why an admission was refused: a structural limit, distinct from a
-/// deadline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// The owner's FIFO is at its count limit.
-    OwnerCount,
-    /// The owner's FIFO is at its byte limit.
-    OwnerBytes,
-    /// All owners together are at the total limit.
-    Total,
-    /// The set is closed.
-    Closed,
-}
-
-impl Refusal {
-    /// The reason in plain words, as a refused caller reads it.
-    pub(crate) fn reason(self) -> &'static str {
-        match self {
-            Refusal::OwnerCount => "the key's queue is at its count limit",
-            Refusal::OwnerBytes => "the key's queue is at its byte limit",
-            Refusal::Total => "the subscriber's pending deliveries are at their limit",
-            Refusal::Closed => "the subscriber is stopping",
-        }
-    }
-}
-
-impl From<Refusal> for crate::Error {
-    /// A structural limit, never a deadline: the caller can tell a
-    /// full owner FIFO from a publish that ran out of time.
-    fn from(refusal: Refusal) -> Self {
-        match refusal {
-            Refusal::Closed => crate::Error::Closed("owner FIFOs are closed"),
-            other => crate::Error::StructuralLimit(other.reason().into()),
-        }
-    }
 }
 
 /// Where a one-way record went.
@@ -107,6 +72,9 @@ struct State<T, P> {
     held: usize,
     total: usize,
     closed: bool,
+    /// Owners with nothing queued, running or held, kept for their key's
+    /// next delivery (see [`State::owner`]).
+    idle: usize,
     spare: Vec<VecDeque<Queued<T, P>>>,
     /// Workers waiting for a ready owner, each listed once under the token
     /// of its wait.
@@ -185,9 +153,50 @@ impl<T, P> State<T, P> {
         self.sleepers.drain(..).map(|(_, waker)| waker).collect()
     }
 
-    fn recycle(&mut self, fifo: VecDeque<Queued<T, P>>) {
-        if self.spare.len() < SPARE_FIFOS && fifo.capacity() <= SPARE_FIFO_CAPACITY {
-            self.spare.push(fifo);
+    /// `key`'s owner, found or made with one hash lookup; an idle one is
+    /// counted busy from here (the caller gives it an item or a held record).
+    #[inline]
+    fn owner<'s>(
+        owners: &'s mut HashMap<u64, Owner<T, P>>,
+        idle: &mut usize,
+        spare: &mut Vec<VecDeque<Queued<T, P>>>,
+        key: u64,
+    ) -> &'s mut Owner<T, P> {
+        match owners.entry(key) {
+            Entry::Occupied(e) => {
+                let o = e.into_mut();
+                if o.is_idle() {
+                    *idle -= 1;
+                }
+                o
+            }
+            Entry::Vacant(e) => e.insert(Owner::new(spare.pop().unwrap_or_default())),
+        }
+    }
+
+    /// An owner just went idle: kept for its key's next delivery (no remove
+    /// and insert per delivery while keys come and go), until idle owners
+    /// outnumber what the set may hold, when they all go.
+    fn went_idle(&mut self, max_total: usize) {
+        self.idle += 1;
+        if self.idle <= max_total {
+            return;
+        }
+        let mut spare = std::mem::take(&mut self.spare);
+        self.owners.retain(|_, o| {
+            if !o.is_idle() {
+                return true;
+            }
+            Self::recycle(&mut spare, std::mem::take(&mut o.fifo));
+            false
+        });
+        self.spare = spare;
+        self.idle = 0;
+    }
+
+    fn recycle(spare: &mut Vec<VecDeque<Queued<T, P>>>, fifo: VecDeque<Queued<T, P>>) {
+        if spare.len() < SPARE_FIFOS && fifo.capacity() <= SPARE_FIFO_CAPACITY {
+            spare.push(fifo);
         }
     }
 }
@@ -230,6 +239,7 @@ impl<T, P> OwnerSet<T, P> {
                 held: 0,
                 total: 0,
                 closed: false,
+                idle: 0,
                 spare: Vec::new(),
                 sleepers: Vec::new(),
                 next_token: 0,
@@ -298,19 +308,13 @@ impl<T, P> OwnerSet<T, P> {
             return Err((item, permit));
         }
         // One lookup: the owner is found (or made) once.
-        let o = match state.owners.entry(owner) {
-            Entry::Occupied(e) => {
-                let o = e.into_mut();
-                if o.refusal(&self.limits, bytes).is_some() {
-                    o.held.push_back((item, bytes));
-                    state.held += 1;
-                    state.total += 1;
-                    return Ok(Admitted::Held(permit));
-                }
-                o
-            }
-            Entry::Vacant(e) => e.insert(Owner::new(state.spare.pop().unwrap_or_default())),
-        };
+        let o = State::owner(&mut state.owners, &mut state.idle, &mut state.spare, owner);
+        if o.refusal(&self.limits, bytes).is_some() {
+            o.held.push_back((item, bytes));
+            state.held += 1;
+            state.total += 1;
+            return Ok(Admitted::Held(permit));
+        }
         let (_, became_ready) = o.enqueue(item, Some(permit), bytes);
         let worker = state.enqueued(owner, became_ready);
         drop(guard);
@@ -331,12 +335,9 @@ impl<T, P> OwnerSet<T, P> {
         permit: Option<P>,
         bytes: usize,
     ) -> (u64, Option<Waker>) {
-        let o = match state.owners.entry(owner) {
-            Entry::Occupied(e) => e.into_mut(),
-            // A new owner is empty and always takes one item (limits are
-            // at least 1), so no owner is ever made for a refusal.
-            Entry::Vacant(e) => e.insert(Owner::new(state.spare.pop().unwrap_or_default())),
-        };
+        // A new or idle owner is empty and always takes one item (limits
+        // are at least 1), so no owner is ever made for a refusal.
+        let o = State::owner(&mut state.owners, &mut state.idle, &mut state.spare, owner);
         let (seq, became_ready) = o.enqueue(item, permit, bytes);
         (seq, state.enqueued(owner, became_ready))
     }
@@ -498,9 +499,8 @@ impl<T, P> OwnerSet<T, P> {
         }
         if made_ready {
             state.ready.push_back(owner);
-        } else if o.count == 0 && o.held.is_empty() {
-            let o = state.owners.remove(&owner).expect("running owner exists");
-            state.recycle(o.fifo);
+        } else if o.is_idle() {
+            state.went_idle(self.limits.max_total);
         }
         // Normally the receive loop alone; the buffer stays for its next wait.
         let producer = state.space.pop();

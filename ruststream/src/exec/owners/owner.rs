@@ -43,6 +43,12 @@ impl<T, P> Owner<T, P> {
         }
     }
 
+    /// Nothing queued, running or held.
+    #[inline]
+    pub(super) fn is_idle(&self) -> bool {
+        self.count == 0 && self.held.is_empty()
+    }
+
     /// Whether a new item would find the FIFO at a limit: a request is
     /// refused then, a one-way record held. A key that holds records is
     /// full for everyone until they are in, so nothing overtakes them.

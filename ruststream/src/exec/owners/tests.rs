@@ -72,10 +72,36 @@ async fn one_turn_per_owner_in_order() {
     let c = owners.next_turn().await.unwrap();
     assert_eq!((c.owner, c.item), (1, 1));
     owners.finish(b.owner, b.bytes);
-    assert!(
-        owners.owner_stats(2).is_none(),
-        "an idle empty owner is dropped"
+    assert_eq!(
+        owners.owner_stats(2),
+        Some((0, 0, 1)),
+        "an idle owner is kept for its key's next delivery"
     );
+}
+
+/// Idle owners are kept only while they do not outnumber what the set may
+/// hold (`max_total`): then they all go, so keys that come and go never
+/// pile up.
+#[tokio::test]
+async fn idle_owners_go_once_they_outnumber_the_limit() {
+    let owners = set(10, 1000, 3);
+    for key in 1..=3 {
+        owners.try_admit(key, 0, (), 1).unwrap();
+        let turn = owners.next_turn().await.unwrap();
+        owners.finish(turn.owner, turn.bytes);
+    }
+    assert!((1..=3).all(|key| owners.owner_stats(key).is_some()));
+    // Key 1 again: its idle owner is reused and busy, then idle again.
+    owners.try_admit(1, 0, (), 1).unwrap();
+    assert_eq!(owners.owner_stats(1), Some((1, 1, 2)));
+    let turn = owners.next_turn().await.unwrap();
+    owners.finish(turn.owner, turn.bytes);
+    // A fourth idle owner is one too many: every idle one goes.
+    owners.try_admit(4, 0, (), 1).unwrap();
+    let turn = owners.next_turn().await.unwrap();
+    owners.finish(turn.owner, turn.bytes);
+    assert!((1..=4).all(|key| owners.owner_stats(key).is_none()));
+    assert_eq!(owners.total(), 0);
 }
 
 /// A one-way record for a full key is held (its permit comes back), a
