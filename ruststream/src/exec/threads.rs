@@ -11,8 +11,9 @@
 //! subscription as every loop waits (ready, then a permit, then the claim),
 //! fills the idle threads' rings and wakes them. So a thread holds at most 8
 //! deliveries it has not started (read-ahead never exceeds `n × 9` with the
-//! ones in hand), the subscription is only ever polled on the app runtime,
-//! and the subscriber stands in the job queue's permit line once. An idle
+//! ones in hand), only the app runtime ever waits on the subscription (a
+//! claim runs in its context), and the subscriber stands in the job queue's
+//! permit line once. An idle
 //! thread waits for its ring as [`ring_wait`](super::ring_wait) describes.
 //!
 //! With `by_key`, the feeder alone takes deliveries: it decodes (to compute
