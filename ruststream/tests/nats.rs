@@ -567,3 +567,29 @@ async fn a_jetstream_stop_mid_stream_acks_everything_it_handled() {
     common::faults::stopped_mid_stream(connect, &publisher, config, 60).await;
     publisher.delete_stream().await.unwrap();
 }
+
+/// The same on `threads(4)`: dedicated threads claim what the pull has
+/// received in place (on the app runtime's context), and a graceful stop
+/// still acks everything they handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jetstream_stop_mid_stream_on_dedicated_threads_acks_everything_it_handled() {
+    let prefix = unique("stopthreads");
+    let subject = format!("{prefix}.jobs");
+    let connect = || async {
+        nats()
+            .await
+            .jetstream(
+                StreamSpec::new(stream_name(&prefix), [format!("{prefix}.>")])
+                    .memory_storage()
+                    .ack_wait(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap()
+    };
+    let config = SubscriberConfig::new(subject.as_str())
+        .queue_group("stoppers")
+        .threads(4);
+    let publisher = connect().await;
+    common::faults::stopped_mid_stream(connect, &publisher, config, 60).await;
+    publisher.delete_stream().await.unwrap();
+}

@@ -762,3 +762,16 @@ async fn a_stop_mid_stream_acks_everything_it_handled() {
     common::faults::stopped_mid_stream(rabbit, &publisher, config, 60).await;
     publisher.close().await.unwrap();
 }
+
+/// The same on `threads(4)`: dedicated threads claim prefetched jobs in
+/// place, and a graceful stop still acks everything they handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_mid_stream_on_dedicated_threads_acks_everything_it_handled() {
+    let subject = unique("stop.threads");
+    let config = SubscriberConfig::new(subject.as_str())
+        .queue_group("stoppers")
+        .threads(4);
+    let publisher = rabbit().await;
+    common::faults::stopped_mid_stream(rabbit, &publisher, config, 60).await;
+    publisher.close().await.unwrap();
+}

@@ -464,3 +464,18 @@ async fn a_stop_mid_stream_acks_everything_it_handled() {
     publisher.close().await.unwrap();
     delete_keys(&url(), &subject).await;
 }
+
+/// The same on `threads(4)`: dedicated threads claim what the last read
+/// brought in place, and a graceful stop still acks everything they handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_mid_stream_on_dedicated_threads_acks_everything_it_handled() {
+    let subject = unique("stop.threads");
+    let config = ruststream::subscriber::SubscriberConfig::new(subject.as_str())
+        .queue_group("stoppers")
+        .threads(4);
+    let publisher = redis_at(&url()).await;
+    common::faults::stopped_mid_stream(|| async { redis_at(&url()).await }, &publisher, config, 60)
+        .await;
+    publisher.close().await.unwrap();
+    delete_keys(&url(), &subject).await;
+}
