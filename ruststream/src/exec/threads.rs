@@ -3,9 +3,10 @@
 //! runtime; the handler future may therefore be `!Send`.
 //!
 //! A thread takes its next deliveries itself once its hands are empty: it
-//! claims what the subscription has at hand, up to the 8 slots of its ring,
-//! in place under the subscription's lock, each with a job permit taken
-//! first (JQ-4) — on a backlog, no hand-off and no wake-up between threads.
+//! claims what the subscription has at hand, up to the 8 slots of its ring
+//! (one while another thread is idle, which the feeder serves), in place
+//! under the subscription's lock, each with a job permit taken first
+//! (JQ-4) — on a backlog, no hand-off and no wake-up between threads.
 //! Waiting is the feeder's part, a task on the app runtime: when a thread
 //! finds nothing to claim it turns idle, and the feeder waits with the
 //! subscription as every loop waits (ready, then a permit, then the claim),
@@ -13,8 +14,8 @@
 //! deliveries it has not started (read-ahead never exceeds `n × 9` with the
 //! ones in hand), only the app runtime ever waits on the subscription (a
 //! claim runs in its context), and the subscriber stands in the job queue's
-//! permit line once. An idle
-//! thread waits for its ring as [`ring_wait`](super::ring_wait) describes.
+//! permit line once. An idle thread waits for its ring as
+//! [`ring_wait`](super::ring_wait) describes.
 //!
 //! With `by_key`, the feeder alone takes deliveries: it decodes (to compute
 //! the key) and routes every key to one thread, so a key's deliveries run in
