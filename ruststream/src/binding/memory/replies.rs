@@ -160,7 +160,7 @@ impl LaneRequester {
     /// it completes this call without a job permit. A reply that arrives
     /// after `timeout` is dropped: the first terminal result wins. A reply
     /// that reports a failure is an error, as in
-    /// [`Requester::request_message`](crate::Requester::request_message).
+    /// [`Requester::request_message`].
     pub async fn request_message(
         &self,
         subject: &str,

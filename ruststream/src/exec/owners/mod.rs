@@ -201,7 +201,7 @@ impl<T, P> State<T, P> {
     }
 }
 
-/// One item taken by a worker: run it, then call [`OwnerSet::finish`].
+/// One item taken by a worker: run it, then end it with [`OwnerSet::finish_and_next`].
 #[derive(Debug)]
 pub(crate) struct Turn<T, P> {
     /// The owner (key hash).
@@ -442,7 +442,7 @@ impl<T, P> OwnerSet<T, P> {
 
     /// A worker's wait for turns. Polled, it yields the head item of the
     /// oldest ready owner, which stays out of the ready set until
-    /// [`finish`](Self::finish); `None` once the set is closed and fully
+    /// its turn ends; `None` once the set is closed and fully
     /// drained. Reusable from one turn to the next.
     pub(crate) fn waiter(&self) -> Sleep<'_, T, P> {
         Sleep {
@@ -466,7 +466,7 @@ impl<T, P> OwnerSet<T, P> {
         wakes.wake(worker);
     }
 
-    /// [`finish`](Self::finish), then the next turn for the same worker in
+    /// `finish` (the end of a turn), then the next turn for the same worker in
     /// the same lock, if an owner is ready: a worker with work at hand takes
     /// it without a wake-up (the head of the oldest ready owner, as
     /// [`waiter`](Self::waiter) hands out).
