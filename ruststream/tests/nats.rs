@@ -549,23 +549,7 @@ async fn a_jetstream_batch_takes_the_received_messages_of_its_pull() {
 /// `ack_wait` (5 s here, within the helper's bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jetstream_stop_mid_stream_acks_everything_it_handled() {
-    let prefix = unique("stopmid");
-    let subject = format!("{prefix}.jobs");
-    let connect = || async {
-        nats()
-            .await
-            .jetstream(
-                StreamSpec::new(stream_name(&prefix), [format!("{prefix}.>")])
-                    .memory_storage()
-                    .ack_wait(Duration::from_secs(5)),
-            )
-            .await
-            .unwrap()
-    };
-    let config = SubscriberConfig::new(subject.as_str()).queue_group("stoppers");
-    let publisher = connect().await;
-    common::faults::stopped_mid_stream(connect, &publisher, config, 60).await;
-    publisher.delete_stream().await.unwrap();
+    jetstream_stopped_mid_stream("stopmid", |config| config).await;
 }
 
 /// The same on `threads(4)`: dedicated threads claim what the pull has
@@ -573,7 +557,16 @@ async fn a_jetstream_stop_mid_stream_acks_everything_it_handled() {
 /// still acks everything they handled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jetstream_stop_mid_stream_on_dedicated_threads_acks_everything_it_handled() {
-    let prefix = unique("stopthreads");
+    jetstream_stopped_mid_stream("stopthreads", |config| config.threads(4)).await;
+}
+
+/// [`common::faults::stopped_mid_stream`] on a fresh stream with `ack_wait`
+/// 5 s, the subscriber configured by `mode`.
+async fn jetstream_stopped_mid_stream(
+    name: &str,
+    mode: impl FnOnce(SubscriberConfig) -> SubscriberConfig,
+) {
+    let prefix = unique(name);
     let subject = format!("{prefix}.jobs");
     let connect = || async {
         nats()
@@ -586,9 +579,7 @@ async fn a_jetstream_stop_mid_stream_on_dedicated_threads_acks_everything_it_han
             .await
             .unwrap()
     };
-    let config = SubscriberConfig::new(subject.as_str())
-        .queue_group("stoppers")
-        .threads(4);
+    let config = mode(SubscriberConfig::new(subject.as_str()).queue_group("stoppers"));
     let publisher = connect().await;
     common::faults::stopped_mid_stream(connect, &publisher, config, 60).await;
     publisher.delete_stream().await.unwrap();
