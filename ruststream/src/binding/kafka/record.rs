@@ -119,9 +119,29 @@ pub(crate) fn read(record: &BorrowedMessage<'_>) -> Received {
     received
 }
 
-/// Unix epoch milliseconds `delay` from now.
+/// Unix epoch milliseconds `delay` from now, rounded up: a copy held
+/// until then is never handed out before the delay (rounded down, it came
+/// back up to a millisecond early).
 pub(crate) fn epoch_ms_after(delay: Duration) -> u64 {
     let at = SystemTime::now() + delay;
-    at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| {
+        u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use super::epoch_ms_after;
+
+    #[test]
+    fn a_due_time_is_never_before_the_delay() {
+        for _ in 0..1000 {
+            let delay = Duration::from_millis(500);
+            let earliest = SystemTime::now() + delay;
+            let due = UNIX_EPOCH + Duration::from_millis(epoch_ms_after(delay));
+            assert!(due >= earliest, "{due:?} < {earliest:?}");
+        }
+    }
 }
