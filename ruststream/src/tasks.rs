@@ -4,9 +4,9 @@
 //! graceful shutdown waits for them.
 
 use std::pin::Pin;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use crate::binding::Broker;
@@ -39,7 +39,7 @@ impl FollowUps {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// Runs `continuation` after the ack. Called after the delivery was

@@ -69,8 +69,7 @@ impl<T> Ring<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, RingState<T>> {
-        // No user code runs under this lock: a poisoned lock is consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     pub(crate) fn has_space(&self) -> bool {

@@ -50,7 +50,7 @@ impl<T> Rings<T> {
     }
 
     fn feeder(&self) -> MutexGuard<'_, Option<Waker>> {
-        self.feeder.lock().unwrap_or_else(|e| e.into_inner())
+        self.feeder.lock()
     }
 
     /// A ring to fill now: an idle thread's (round robin from `cursor`),

@@ -46,9 +46,7 @@ impl<T> Shared<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Slot<T>> {
-        // No user code runs under this lock (a binding's `try_next` does not
-        // panic): a poisoned lock is consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// `f` on the subscription, in place, if it is at hand.

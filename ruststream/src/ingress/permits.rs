@@ -110,7 +110,7 @@ struct Source {
 
 impl Source {
     fn apply(&self, epoch: u64, state: PressureState) {
-        let mut applied = self.applied_epoch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut applied = self.applied_epoch.lock();
         if epoch <= *applied && *applied != 0 {
             return;
         }
@@ -212,7 +212,7 @@ impl JobQueue {
     }
 
     fn tracker(&self) -> MutexGuard<'_, Tracker> {
-        self.tracker.lock().unwrap_or_else(|e| e.into_inner())
+        self.tracker.lock()
     }
 
     /// Waits for a permit: the oldest waiter is served first.
@@ -240,7 +240,7 @@ impl JobQueue {
     /// of the buffer (no wait cycle on one authority).
     pub fn try_acquire_extra(self: &Arc<Self>) -> Option<JobPermit> {
         // One extra taker at a time, so two never take the last two.
-        let _serial = self.extra.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = self.extra.lock();
         let free = self.spare.load(Ordering::Acquire) + self.permits.available_permits();
         if free < 2 {
             return None;

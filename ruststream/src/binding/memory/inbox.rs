@@ -4,8 +4,9 @@
 //! late or duplicate reply never completes a later request that reuses the
 //! slot: first terminal wins.
 
-use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::text::{Part, TextArena};
 use crate::{Envelope, Message, Text};
@@ -76,8 +77,7 @@ struct Slot {
 
 impl Inbox {
     fn lock(&self) -> MutexGuard<'_, Slots> {
-        // No user code runs under this lock: a poisoned lock is consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// Opens a slot for a new request: its id, and its reply subject as

@@ -1,7 +1,9 @@
 //! A queue member's receive-flow switch: what the job queue's pressure
 //! state sets on a request/reply source of the memory broker.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::queue::Queue;
 
@@ -24,7 +26,7 @@ impl MemberFlow {
 
     /// The member leaves: lifts its pause for good.
     pub(crate) fn retire(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state.lock();
         let was_paused = state.0;
         *state = (false, true);
         if was_paused {
@@ -35,7 +37,7 @@ impl MemberFlow {
 
 impl crate::ingress::ReceiveFlow for MemberFlow {
     fn set_paused(&self, paused: bool) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state.lock();
         if state.1 || state.0 == paused {
             return;
         }

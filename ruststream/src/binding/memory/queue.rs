@@ -17,9 +17,10 @@
 use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
+use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use super::lanes::{Lane, ROUND_RECORDS, ReceiveRound, Round};
@@ -225,9 +226,7 @@ impl Queue {
 
     #[inline]
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic never happens while the lock is held (no user code runs under
-        // it), so a poisoned lock still holds consistent state.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     fn paused(&self, state: &State) -> bool {

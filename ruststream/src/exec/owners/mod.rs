@@ -251,8 +251,7 @@ impl<T, P> OwnerSet<T, P> {
     }
 
     fn lock(&self) -> MutexGuard<'_, State<T, P>> {
-        // No user code runs under this lock: a poisoned lock is consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// checks, reservation, sequence, append and ready-set insert as
