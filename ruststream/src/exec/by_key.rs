@@ -73,6 +73,9 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
+    // Whether the last admission left room: only this loop raises the
+    // total, so room it saw stays until it admits again.
+    let mut room = false;
     loop {
         if owners.has_promotable() {
             // JQ-5: a held record whose key has room again takes a new
@@ -89,15 +92,16 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             continue;
         }
         // Looked at in place first: the wait is for a full set.
-        let has_room = match owners.capacity_now() {
-            Some(room) => room,
-            None => tokio::select! {
-                biased;
-                room = owners.wait_capacity() => room,
-                () = &mut stopped => false,
-            },
-        };
-        if !has_room {
+        room = room
+            || match owners.capacity_now() {
+                Some(room) => room,
+                None => tokio::select! {
+                    biased;
+                    room = owners.wait_capacity() => room,
+                    () = &mut stopped => false,
+                },
+            };
+        if !room {
             break;
         }
         // Permit before receive (JQ-4); it travels with the delivery into
@@ -139,7 +143,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             // A request is a new submission with a caller waiting: a full
             // owner refuses it at once, with the reason (JQ-10).
             match owners.try_admit(key, (delivery, body), permit, bytes) {
-                Ok(_) => {}
+                Ok((_, left)) => room = left,
                 Err((Refusal::Closed, ..)) => break,
                 Err((refusal, (delivery, _), permit)) => {
                     drop(permit);
@@ -149,9 +153,12 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             continue;
         }
         match owners.admit(key, (delivery, body), permit, bytes) {
-            Ok(Admitted::Queued) => {}
+            Ok((Admitted::Queued, left)) => room = left,
             // Held behind its full key: the permit returns now (JQ-5).
-            Ok(Admitted::Held(permit)) => drop(permit),
+            Ok((Admitted::Held(permit), left)) => {
+                room = left;
+                drop(permit);
+            }
             Err(_) => break,
         }
     }

@@ -61,7 +61,7 @@ fn turns(per_key: usize, records: &'static [(u64, u32)]) {
             }
             assert!(owners.wait_capacity().await);
             match owners.admit(key, (key, n), (), 1) {
-                Ok(Admitted::Queued | Admitted::Held(())) => {}
+                Ok((Admitted::Queued | Admitted::Held(()), _)) => {}
                 Err(_) => unreachable!("open"),
             }
         }

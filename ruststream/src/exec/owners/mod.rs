@@ -46,6 +46,11 @@ pub(crate) struct OwnerLimits {
     pub(crate) max_total: usize,
 }
 
+/// Whether the total is still below its limit after an admission: the
+/// receive loop, the only producer, then takes its next delivery without
+/// looking again (turns that end only make more room).
+pub(crate) type Room = bool;
+
 /// Where a one-way record went.
 #[derive(Debug)]
 pub(crate) enum Admitted<P> {
@@ -56,18 +61,27 @@ pub(crate) enum Admitted<P> {
     Held(P),
 }
 
+/// Where an owner is in the set's slots.
+pub(crate) type Slot = usize;
+
 /// Emptied FIFO buffers kept for new owners, so a key that comes and goes
 /// does not allocate every time. Bounded, and only small buffers are kept.
 const SPARE_FIFOS: usize = 64;
 const SPARE_FIFO_CAPACITY: usize = 16;
 
 struct State<T, P> {
-    /// Keys are already hashes: Fx hashing them again is enough.
-    owners: HashMap<u64, Owner<T, P>>,
-    ready: VecDeque<u64>,
+    /// Each key's owner, by its slot in `slots`. Keys are already hashes:
+    /// Fx hashing them again is enough.
+    index: HashMap<u64, Slot>,
+    /// The owners. The ready and promotable lists and the turns name them
+    /// by slot, so only admission hashes a key; the slots of owners that
+    /// went are reused (`free`).
+    slots: Vec<Owner<T, P>>,
+    free: Vec<Slot>,
+    ready: VecDeque<Slot>,
     /// Owners whose oldest held record fits into their FIFO again, each
     /// listed once, in the order they got room.
-    promotable: VecDeque<u64>,
+    promotable: VecDeque<Slot>,
     /// Held records, all owners together.
     held: usize,
     total: usize,
@@ -115,7 +129,7 @@ impl<T, P> State<T, P> {
     /// ready set (running) until its turn ends.
     fn take_ready(&mut self) -> Option<Turn<T, P>> {
         let owner = self.ready.pop_front()?;
-        let o = self.owners.get_mut(&owner).expect("ready owner exists");
+        let o = &mut self.slots[owner];
         let Queued {
             item,
             permit,
@@ -134,7 +148,7 @@ impl<T, P> State<T, P> {
     /// ready if it `became_ready`; the worker to wake once the lock is
     /// released.
     #[inline]
-    fn enqueued(&mut self, owner: u64, became_ready: bool) -> Option<Waker> {
+    fn enqueued(&mut self, owner: Slot, became_ready: bool) -> Option<Waker> {
         self.total += 1;
         if !became_ready {
             return None;
@@ -156,21 +170,31 @@ impl<T, P> State<T, P> {
     /// `key`'s owner, found or made with one hash lookup; an idle one is
     /// counted busy from here (the caller gives it an item or a held record).
     #[inline]
-    fn owner<'s>(
-        owners: &'s mut HashMap<u64, Owner<T, P>>,
-        idle: &mut usize,
-        spare: &mut Vec<VecDeque<Queued<T, P>>>,
-        key: u64,
-    ) -> &'s mut Owner<T, P> {
-        match owners.entry(key) {
+    fn owner(&mut self, key: u64) -> (Slot, &mut Owner<T, P>) {
+        match self.index.entry(key) {
             Entry::Occupied(e) => {
-                let o = e.into_mut();
+                let slot = *e.get();
+                let o = &mut self.slots[slot];
                 if o.is_idle() {
-                    *idle -= 1;
+                    self.idle -= 1;
                 }
-                o
+                (slot, o)
             }
-            Entry::Vacant(e) => e.insert(Owner::new(spare.pop().unwrap_or_default())),
+            Entry::Vacant(e) => {
+                let o = Owner::new(key, self.spare.pop().unwrap_or_default());
+                let slot = match self.free.pop() {
+                    Some(slot) => {
+                        self.slots[slot] = o;
+                        slot
+                    }
+                    None => {
+                        self.slots.push(o);
+                        self.slots.len() - 1
+                    }
+                };
+                e.insert(slot);
+                (slot, &mut self.slots[slot])
+            }
         }
     }
 
@@ -182,15 +206,15 @@ impl<T, P> State<T, P> {
         if self.idle <= max_total {
             return;
         }
-        let mut spare = std::mem::take(&mut self.spare);
-        self.owners.retain(|_, o| {
-            if !o.is_idle() {
-                return true;
+        for (slot, o) in self.slots.iter_mut().enumerate() {
+            // A slot that went before is free, or holds its key's new owner.
+            if !o.is_idle() || self.index.get(&o.key) != Some(&slot) {
+                continue;
             }
-            Self::recycle(&mut spare, std::mem::take(&mut o.fifo));
-            false
-        });
-        self.spare = spare;
+            self.index.remove(&o.key);
+            Self::recycle(&mut self.spare, std::mem::take(&mut o.fifo));
+            self.free.push(slot);
+        }
         self.idle = 0;
     }
 
@@ -204,8 +228,8 @@ impl<T, P> State<T, P> {
 /// One item taken by a worker: run it, then end it with [`OwnerSet::finish_and_next`].
 #[derive(Debug)]
 pub(crate) struct Turn<T, P> {
-    /// The owner (key hash).
-    pub(crate) owner: u64,
+    /// The owner's slot.
+    pub(crate) owner: Slot,
     /// The item.
     pub(crate) item: T,
     /// The permit it carried (returned right before the handler).
@@ -233,7 +257,9 @@ impl<T, P> OwnerSet<T, P> {
     pub(crate) fn new(limits: OwnerLimits) -> Self {
         OwnerSet {
             state: Mutex::new(State {
-                owners: HashMap::default(),
+                index: HashMap::default(),
+                slots: Vec::new(),
+                free: Vec::new(),
                 ready: VecDeque::new(),
                 promotable: VecDeque::new(),
                 held: 0,
@@ -264,7 +290,7 @@ impl<T, P> OwnerSet<T, P> {
         item: T,
         permit: P,
         bytes: usize,
-    ) -> Result<u64, (Refusal, T, P)> {
+    ) -> Result<(u64, Room), (Refusal, T, P)> {
         let mut guard = self.lock();
         let state = &mut *guard;
         if state.closed {
@@ -274,18 +300,19 @@ impl<T, P> OwnerSet<T, P> {
             return Err((Refusal::Total, item, permit));
         }
         if let Some(refusal) = state
-            .owners
+            .index
             .get(&owner)
-            .and_then(|o| o.refusal(&self.limits, bytes))
+            .and_then(|&slot| state.slots[slot].refusal(&self.limits, bytes))
         {
             return Err((refusal, item, permit));
         }
         let (seq, worker) = self.enqueue(state, owner, item, Some(permit), bytes);
+        let room = state.total < self.limits.max_total;
         drop(guard);
         if let Some(worker) = worker {
             worker.wake();
         }
-        Ok(seq)
+        Ok((seq, room))
     }
 
     /// Admits a one-way record: into its owner's FIFO, or held behind it
@@ -300,27 +327,29 @@ impl<T, P> OwnerSet<T, P> {
         item: T,
         permit: P,
         bytes: usize,
-    ) -> Result<Admitted<P>, (T, P)> {
+    ) -> Result<(Admitted<P>, Room), (T, P)> {
         let mut guard = self.lock();
         let state = &mut *guard;
         if state.closed {
             return Err((item, permit));
         }
         // One lookup: the owner is found (or made) once.
-        let o = State::owner(&mut state.owners, &mut state.idle, &mut state.spare, owner);
+        let (slot, o) = state.owner(owner);
         if o.refusal(&self.limits, bytes).is_some() {
             o.held.push_back((item, bytes));
             state.held += 1;
             state.total += 1;
-            return Ok(Admitted::Held(permit));
+            let room = state.total < self.limits.max_total;
+            return Ok((Admitted::Held(permit), room));
         }
         let (_, became_ready) = o.enqueue(item, Some(permit), bytes);
-        let worker = state.enqueued(owner, became_ready);
+        let worker = state.enqueued(slot, became_ready);
+        let room = state.total < self.limits.max_total;
         drop(guard);
         if let Some(worker) = worker {
             worker.wake();
         }
-        Ok(Admitted::Queued)
+        Ok((Admitted::Queued, room))
     }
 
     /// Appends to `owner`'s FIFO (making the owner if needed) and lists it
@@ -336,9 +365,9 @@ impl<T, P> OwnerSet<T, P> {
     ) -> (u64, Option<Waker>) {
         // A new or idle owner is empty and always takes one item (limits
         // are at least 1), so no owner is ever made for a refusal.
-        let o = State::owner(&mut state.owners, &mut state.idle, &mut state.spare, owner);
+        let (slot, o) = state.owner(owner);
         let (seq, became_ready) = o.enqueue(item, permit, bytes);
-        (seq, state.enqueued(owner, became_ready))
+        (seq, state.enqueued(slot, became_ready))
     }
 
     /// Whether a held record can move into its owner's FIFO: the receive
@@ -357,10 +386,7 @@ impl<T, P> OwnerSet<T, P> {
         let Some(owner) = state.promotable.pop_front() else {
             return Err(permit);
         };
-        let o = state
-            .owners
-            .get_mut(&owner)
-            .expect("promotable owner exists");
+        let o = &mut state.slots[owner];
         let (item, bytes) = o.held.pop_front().expect("promotable owner holds records");
         state.held -= 1;
         let (_, became_ready) = o.enqueue(item, Some(permit), bytes);
@@ -455,7 +481,7 @@ impl<T, P> OwnerSet<T, P> {
     /// record now fits. (Workers end theirs with
     /// [`finish_and_next`](Self::finish_and_next).)
     #[cfg(all(test, not(loom)))]
-    pub(crate) fn finish(&self, owner: u64, bytes: usize) {
+    pub(crate) fn finish(&self, owner: Slot, bytes: usize) {
         let mut guard = self.lock();
         let wakes = self.end_turn(&mut guard, owner, bytes);
         let worker = (!guard.ready.is_empty())
@@ -469,7 +495,7 @@ impl<T, P> OwnerSet<T, P> {
     /// the same lock, if an owner is ready: a worker with work at hand takes
     /// it without a wake-up (the head of the oldest ready owner, as
     /// [`waiter`](Self::waiter) hands out).
-    pub(crate) fn finish_and_next(&self, owner: u64, bytes: usize) -> Option<Turn<T, P>> {
+    pub(crate) fn finish_and_next(&self, owner: Slot, bytes: usize) -> Option<Turn<T, P>> {
         let mut guard = self.lock();
         let wakes = self.end_turn(&mut guard, owner, bytes);
         let turn = guard.take_ready();
@@ -484,9 +510,9 @@ impl<T, P> OwnerSet<T, P> {
 
     /// The bookkeeping of a finished turn under the lock; what to wake
     /// once it is released.
-    fn end_turn(&self, state: &mut State<T, P>, owner: u64, bytes: usize) -> Wakes {
+    fn end_turn(&self, state: &mut State<T, P>, owner: Slot, bytes: usize) -> Wakes {
         state.total -= 1;
-        let o = state.owners.get_mut(&owner).expect("running owner exists");
+        let o = &mut state.slots[owner];
         o.running = false;
         o.count -= 1;
         o.bytes -= bytes;
@@ -525,7 +551,7 @@ impl<T, P> OwnerSet<T, P> {
         state.closed = true;
         state.promotable.clear();
         self.has_promotable.store(false, Ordering::Release);
-        for (&id, o) in &mut state.owners {
+        for (id, o) in state.slots.iter_mut().enumerate() {
             o.promotable = false;
             let was_idle = o.fifo.is_empty() && !o.running;
             while let Some((item, bytes)) = o.held.pop_front() {
@@ -546,10 +572,14 @@ impl<T, P> OwnerSet<T, P> {
     #[cfg(all(test, not(loom)))]
     pub(crate) fn owner_stats(&self, owner: u64) -> Option<(usize, usize, u64)> {
         let state = self.lock();
-        state
-            .owners
-            .get(&owner)
-            .map(|o| (o.count, o.bytes, o.next_seq))
+        let o = &state.slots[*state.index.get(&owner)?];
+        Some((o.count, o.bytes, o.next_seq))
+    }
+
+    /// The key of the owner in `slot`.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn key(&self, slot: Slot) -> u64 {
+        self.lock().slots[slot].key
     }
 
     /// Items held by all owners.

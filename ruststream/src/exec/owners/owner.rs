@@ -15,6 +15,8 @@ pub(super) struct Queued<T, P> {
 }
 
 pub(super) struct Owner<T, P> {
+    /// The key (hash) it owns.
+    pub(super) key: u64,
     pub(super) fifo: VecDeque<Queued<T, P>>,
     /// One-way records that found the FIFO full, oldest first.
     pub(super) held: VecDeque<(T, usize)>,
@@ -28,11 +30,12 @@ pub(super) struct Owner<T, P> {
 }
 
 impl<T, P> Owner<T, P> {
-    /// An empty owner on `fifo` (a spare buffer, or a new one). Empty, it
+    /// An empty owner of `key` on `fifo` (a spare buffer, or a new one). Empty, it
     /// always takes one item (limits are at least 1), so no owner is ever
     /// made for a refusal.
-    pub(super) fn new(fifo: VecDeque<Queued<T, P>>) -> Self {
+    pub(super) fn new(key: u64, fifo: VecDeque<Queued<T, P>>) -> Self {
         Owner {
+            key,
             fifo,
             held: VecDeque::new(),
             count: 0,

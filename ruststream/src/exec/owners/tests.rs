@@ -19,8 +19,8 @@ fn set(max_count: usize, max_bytes: usize, max_total: usize) -> Set {
 #[test]
 fn refused_admission_leaves_owner_unchanged() {
     let owners = set(2, 100, 10);
-    assert_eq!(owners.try_admit(7, 1, (), 40).unwrap(), 0);
-    assert_eq!(owners.try_admit(7, 2, (), 40).unwrap(), 1);
+    assert_eq!(owners.try_admit(7, 1, (), 40).unwrap(), (0, true));
+    assert_eq!(owners.try_admit(7, 2, (), 40).unwrap(), (1, true));
     let before = owners.owner_stats(7).unwrap();
     assert_eq!(before, (2, 80, 2));
 
@@ -62,21 +62,37 @@ async fn one_turn_per_owner_in_order() {
     owners.try_admit(2, 100, (), 1).unwrap();
     let a = owners.next_turn().await.unwrap();
     let b = owners.next_turn().await.unwrap();
-    assert_eq!((a.owner, a.item), (1, 0));
-    assert_eq!((b.owner, b.item), (2, 100));
+    assert_eq!((owners.key(a.owner), a.item), (1, 0));
+    assert_eq!((owners.key(b.owner), b.item), (2, 100));
     // Owner 1 is running: nothing else is ready until it finishes (the
     // paused clock makes this wait instant and deterministic).
     let blocked = tokio::time::timeout(Duration::from_secs(1), owners.next_turn()).await;
     assert!(blocked.is_err(), "owner 1 must not run twice at once");
     owners.finish(a.owner, a.bytes);
     let c = owners.next_turn().await.unwrap();
-    assert_eq!((c.owner, c.item), (1, 1));
+    assert_eq!((owners.key(c.owner), c.item), (1, 1));
     owners.finish(b.owner, b.bytes);
     assert_eq!(
         owners.owner_stats(2),
         Some((0, 0, 1)),
         "an idle owner is kept for its key's next delivery"
     );
+}
+
+/// An admission says whether the total has room left, so the receive loop
+/// looks again only when it has none; a finished turn makes room.
+#[tokio::test]
+async fn an_admission_says_whether_room_is_left() {
+    let owners = set(10, 1000, 2);
+    assert!(matches!(
+        owners.admit(1, 1, (), 1),
+        Ok((Admitted::Queued, true))
+    ));
+    assert_eq!(owners.try_admit(2, 2, (), 1).unwrap(), (0, false));
+    assert_eq!(owners.capacity_now(), None, "full: the loop waits");
+    let turn = owners.next_turn().await.unwrap();
+    owners.finish(turn.owner, turn.bytes);
+    assert_eq!(owners.capacity_now(), Some(true));
 }
 
 /// Idle owners are kept only while they do not outnumber what the set may
@@ -115,18 +131,24 @@ async fn a_full_key_holds_its_records_and_blocks_no_other_key() {
         max_bytes: usize::MAX,
         max_total: 10,
     });
-    assert!(matches!(owners.admit(1, 10, "a", 1), Ok(Admitted::Queued)));
+    assert!(matches!(
+        owners.admit(1, 10, "a", 1),
+        Ok((Admitted::Queued, true))
+    ));
     assert!(matches!(
         owners.admit(1, 11, "b", 1),
-        Ok(Admitted::Held("b"))
+        Ok((Admitted::Held("b"), true))
     ));
     assert!(matches!(
         owners.admit(1, 12, "c", 1),
-        Ok(Admitted::Held("c"))
+        Ok((Admitted::Held("c"), true))
     ));
     let (why, ..) = owners.try_admit(1, 13, "r", 1).unwrap_err();
     assert_eq!(why, Refusal::OwnerCount, "a request for a full key");
-    assert!(matches!(owners.admit(2, 20, "d", 1), Ok(Admitted::Queued)));
+    assert!(matches!(
+        owners.admit(2, 20, "d", 1),
+        Ok((Admitted::Queued, true))
+    ));
     assert_eq!(owners.total(), 4, "held records count in the total");
     assert!(!owners.has_promotable());
 
@@ -184,7 +206,7 @@ async fn no_lost_wakeup_under_stress() {
         assert!(owners.wait_capacity().await);
         assert!(matches!(
             owners.admit(u64::from(i % 97), i, (), 1),
-            Ok(Admitted::Queued)
+            Ok((Admitted::Queued, _))
         ));
     }
     owners.close();
