@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::budget::Budget;
-use super::owners::{Admitted, OwnerLimits, OwnerSet, Refusal};
+use super::owners::{Admitted, OwnerLimits, OwnerSet, Refusal, Turn};
 use crate::binding::{Broker, Delivery, Subscription};
 use crate::host::Stop;
 use crate::ingress::JobPermit;
@@ -53,17 +53,30 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                 // One waiter for the worker's whole life, polled in place:
                 // a turn is moved out of the set once, not through futures.
                 let mut wait = owners.waiter();
-                let mut next = poll_fn(|cx| wait.poll(cx)).await;
-                while let Some(turn) = next {
-                    let (delivery, body) = turn.item;
+                let Some(mut turn) = poll_fn(|cx| wait.poll(cx)).await else {
+                    return;
+                };
+                loop {
+                    // Taken apart at once: only the delivery and the body
+                    // live on in this task's state, the turn itself never
+                    // does (it is larger than both, and moving it costs).
+                    let Turn {
+                        owner,
+                        item: (delivery, body),
+                        permit,
+                        bytes,
+                    } = turn;
                     // JQ-4 step 5: the permit returns right before the handler.
-                    drop(turn.permit);
+                    drop(permit);
                     invoke!(&*unit, delivery, handle_send(body));
                     // The next turn at hand is taken in the same lock.
-                    next = owners.finish_and_next(turn.owner, turn.bytes);
-                    if next.is_none() {
-                        next = poll_fn(|cx| wait.poll(cx)).await;
-                    }
+                    turn = match owners.finish_and_next(owner, bytes) {
+                        Some(turn) => turn,
+                        None => match poll_fn(|cx| wait.poll(cx)).await {
+                            Some(turn) => turn,
+                            None => break,
+                        },
+                    };
                 }
             })
         })

@@ -16,7 +16,6 @@
 //!   joins a key's FIFO while it holds records, so order within a key stays.
 
 use std::collections::VecDeque;
-use std::collections::hash_map::Entry;
 use std::future::poll_fn;
 use std::task::{Context, Poll, Waker};
 
@@ -167,35 +166,39 @@ impl<T, P> State<T, P> {
         self.sleepers.drain(..).map(|(_, waker)| waker).collect()
     }
 
-    /// `key`'s owner, found or made with one hash lookup; an idle one is
-    /// counted busy from here (the caller gives it an item or a held record).
+    /// `key`'s owner and its slot, found with one hash lookup (or made); an
+    /// idle one is counted busy from here (the caller gives it an item or a
+    /// held record).
     #[inline]
     fn owner(&mut self, key: u64) -> (Slot, &mut Owner<T, P>) {
-        match self.index.entry(key) {
-            Entry::Occupied(e) => {
-                let slot = *e.get();
-                let o = &mut self.slots[slot];
-                if o.is_idle() {
-                    self.idle -= 1;
-                }
-                (slot, o)
+        if let Some(&slot) = self.index.get(&key) {
+            let o = &mut self.slots[slot];
+            if o.is_idle() {
+                self.idle -= 1;
             }
-            Entry::Vacant(e) => {
-                let o = Owner::new(key, self.spare.pop().unwrap_or_default());
-                let slot = match self.free.pop() {
-                    Some(slot) => {
-                        self.slots[slot] = o;
-                        slot
-                    }
-                    None => {
-                        self.slots.push(o);
-                        self.slots.len() - 1
-                    }
-                };
-                e.insert(slot);
-                (slot, &mut self.slots[slot])
-            }
+            return (slot, o);
         }
+        self.new_owner(key)
+    }
+
+    /// A new owner for `key`, in a free slot if there is one. Out of line:
+    /// a key's owner stays while it has work or is idle, so most
+    /// deliveries find theirs.
+    #[inline(never)]
+    fn new_owner(&mut self, key: u64) -> (Slot, &mut Owner<T, P>) {
+        let o = Owner::new(key, self.spare.pop().unwrap_or_default());
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = o;
+                slot
+            }
+            None => {
+                self.slots.push(o);
+                self.slots.len() - 1
+            }
+        };
+        self.index.insert(key, slot);
+        (slot, &mut self.slots[slot])
     }
 
     /// An owner just went idle: kept for its key's next delivery (no remove
@@ -333,7 +336,7 @@ impl<T, P> OwnerSet<T, P> {
         if state.closed {
             return Err((item, permit));
         }
-        // One lookup: the owner is found (or made) once.
+        // The owner is found (or made) once.
         let (slot, o) = state.owner(owner);
         if o.refusal(&self.limits, bytes).is_some() {
             o.held.push_back((item, bytes));
@@ -458,13 +461,6 @@ impl<T, P> OwnerSet<T, P> {
         Poll::Pending
     }
 
-    /// One turn, through a fresh [`waiter`](Self::waiter).
-    #[cfg(all(test, not(loom)))]
-    pub(crate) async fn next_turn(&self) -> Option<Turn<T, P>> {
-        let mut wait = self.waiter();
-        poll_fn(|cx| wait.poll(cx)).await
-    }
-
     /// A worker's wait for turns. Polled, it yields the head item of the
     /// oldest ready owner, which stays out of the ready set until
     /// its turn ends; `None` once the set is closed and fully
@@ -566,26 +562,6 @@ impl<T, P> OwnerSet<T, P> {
         let space = std::mem::take(&mut state.space);
         drop(guard);
         workers.into_iter().chain(space).for_each(Waker::wake);
-    }
-
-    /// `(count, bytes, next_seq)` of one owner.
-    #[cfg(all(test, not(loom)))]
-    pub(crate) fn owner_stats(&self, owner: u64) -> Option<(usize, usize, u64)> {
-        let state = self.lock();
-        let o = &state.slots[*state.index.get(&owner)?];
-        Some((o.count, o.bytes, o.next_seq))
-    }
-
-    /// The key of the owner in `slot`.
-    #[cfg(all(test, not(loom)))]
-    pub(crate) fn key(&self, slot: Slot) -> u64 {
-        self.lock().slots[slot].key
-    }
-
-    /// Items held by all owners.
-    #[cfg(all(test, not(loom)))]
-    pub(crate) fn total(&self) -> usize {
-        self.lock().total
     }
 }
 

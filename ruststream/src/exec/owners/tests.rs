@@ -3,6 +3,32 @@ use std::time::Duration;
 
 use super::*;
 
+/// What the tests look at, and a turn taken outside a worker.
+impl<T, P> OwnerSet<T, P> {
+    /// One turn, through a fresh [`waiter`](OwnerSet::waiter).
+    pub(super) async fn next_turn(&self) -> Option<Turn<T, P>> {
+        let mut wait = self.waiter();
+        poll_fn(|cx| wait.poll(cx)).await
+    }
+
+    /// `(count, bytes, next_seq)` of one owner.
+    pub(super) fn owner_stats(&self, owner: u64) -> Option<(usize, usize, u64)> {
+        let state = self.lock();
+        let o = &state.slots[*state.index.get(&owner)?];
+        Some((o.count, o.bytes, o.next_seq))
+    }
+
+    /// The key of the owner in `slot`.
+    pub(super) fn key(&self, slot: Slot) -> u64 {
+        self.lock().slots[slot].key
+    }
+
+    /// Items held by all owners.
+    pub(super) fn total(&self) -> usize {
+        self.lock().total
+    }
+}
+
 /// Items are numbers; a permit is a marker whose return the tests see.
 type Set = OwnerSet<u32, ()>;
 
