@@ -74,7 +74,8 @@ struct State<T, P> {
     index: HashMap<u64, Slot>,
     /// The owners. The ready and promotable lists and the turns name them
     /// by slot, so only admission hashes a key; the slots of owners that
-    /// went are reused (`free`).
+    /// went are reused (`free`), so there are never many more slots than
+    /// owners at once: `max_total` busy ones and as many idle ones.
     slots: Vec<Owner<T, P>>,
     free: Vec<Slot>,
     ready: VecDeque<Slot>,
