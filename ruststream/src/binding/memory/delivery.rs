@@ -60,8 +60,11 @@ impl Subscription for MemorySubscription {
         if self.conn.is_closed() {
             return None;
         }
-        let env = self.queue.try_pop()?;
-        Some(self.delivery(env))
+        let queue = &self.queue;
+        queue.try_pop_into(|env| MemoryDelivery {
+            env: Some(env),
+            queue: Arc::clone(queue),
+        })
     }
 
     /// One lock for the whole batch.

@@ -449,10 +449,17 @@ impl Queue {
     /// The head frame in fair order, if any (a closed queue holds none).
     #[inline]
     pub(crate) fn try_pop(&self) -> Option<Envelope> {
+        self.try_pop_into(|env| env)
+    }
+
+    /// The head frame, made into what `make` makes of it.
+    #[inline]
+    pub(crate) fn try_pop_into<R>(&self, make: impl FnOnce(Envelope) -> R) -> Option<R> {
         let mut state = self.lock();
         let (env, len, left) = state.pop(&self.round)?;
+        let made = make(env);
         self.taken(state, len, left);
-        Some(env)
+        Some(made)
     }
 
     /// Up to `max` head frames in fair order, each handed to `each`, under
