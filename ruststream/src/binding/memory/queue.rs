@@ -452,14 +452,27 @@ impl Queue {
         self.try_pop_into(|env| env)
     }
 
-    /// The head frame, made into what `make` makes of it.
+    /// The head frame, made into what `make` makes of it (no user code:
+    /// `make` runs under the queue's lock).
     #[inline]
     pub(crate) fn try_pop_into<R>(&self, make: impl FnOnce(Envelope) -> R) -> Option<R> {
         let mut state = self.lock();
         let (env, len, left) = state.pop(&self.round)?;
-        let made = make(env);
-        self.taken(state, len, left);
-        Some(made)
+        if self.carries_replies.load(Ordering::Relaxed) {
+            let made = make(env);
+            self.taken(state, len, left);
+            return Some(made);
+        }
+        // The lane's low-water mark (see `BrokerShared::release`).
+        if !self.shared.release_bytes(len, left <= self.budget / 2) {
+            // Nothing to wake (the common case): what `make` makes goes
+            // straight to the caller, not through a local kept across the
+            // unlock and a wake-up.
+            return Some(make(env));
+        }
+        drop(state);
+        self.shared.space.notify_waiters();
+        Some(make(env))
     }
 
     /// Up to `max` head frames in fair order, each handed to `each`, under

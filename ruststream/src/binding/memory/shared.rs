@@ -70,12 +70,20 @@ impl BrokerShared {
     /// at or below half its budget wakes them. A waiter also looks once more
     /// at its deadline, so room that came without a wake-up is still used.
     pub(crate) fn release(&self, len: usize, lane_drained: bool) {
+        if self.release_bytes(len, lane_drained) {
+            self.space.notify_waiters();
+        }
+    }
+
+    /// [`release`](Self::release) without the wake-up: whether the waiting
+    /// publishers are owed one (`space.notify_waiters()`), for a caller
+    /// that wakes them once its own lock is released.
+    #[inline]
+    pub(crate) fn release_bytes(&self, len: usize, lane_drained: bool) -> bool {
         self.bytes.fetch_sub(len, Ordering::SeqCst);
         // SeqCst pairs with `waiter_slot`: a waiter that registered before this
         // load is woken; one that registers after it sees the released bytes.
-        if lane_drained && self.waiters.load(Ordering::SeqCst) > 0 {
-            self.space.notify_waiters();
-        }
+        lane_drained && self.waiters.load(Ordering::SeqCst) > 0
     }
 
     pub(crate) fn waiter_slot(&self) -> Option<WaiterSlot<'_>> {

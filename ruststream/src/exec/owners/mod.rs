@@ -111,6 +111,11 @@ struct Wakes {
 
 impl Wakes {
     #[inline]
+    fn is_empty(&self) -> bool {
+        self.producer.is_none() && self.rest.is_none()
+    }
+
+    #[inline]
     fn wake(self, worker: Option<Waker>) {
         if let Some(worker) = worker {
             worker.wake();
@@ -495,11 +500,14 @@ impl<T, P> OwnerSet<T, P> {
     pub(crate) fn finish_and_next(&self, owner: Slot, bytes: usize) -> Option<Turn<T, P>> {
         let mut guard = self.lock();
         let wakes = self.end_turn(&mut guard, owner, bytes);
-        let turn = guard.take_ready();
         // More work than this worker takes: another sleeping worker runs it.
-        let worker = (!guard.ready.is_empty())
-            .then(|| guard.wake_one())
-            .flatten();
+        let worker = (guard.ready.len() > 1).then(|| guard.wake_one()).flatten();
+        if worker.is_none() && wakes.is_empty() {
+            // Nothing to wake (the common case): the turn goes straight to
+            // the caller, not through a local kept across the wake-ups.
+            return guard.take_ready();
+        }
+        let turn = guard.take_ready();
         drop(guard);
         wakes.wake(worker);
         turn
