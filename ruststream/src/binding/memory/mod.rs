@@ -41,6 +41,7 @@ mod lanes;
 mod member_flow;
 mod publish;
 mod queue;
+mod queue_state;
 mod registry;
 mod replies;
 mod route_cache;

@@ -5,9 +5,10 @@
 //!
 //! * Accounting is per peer: a peer that fills its lane waits
 //!   for space while other peers still get in.
-//! * A receive round takes at most [`ROUND_RECORDS`] frames, a byte budget and
-//!   a time budget, whichever ends first; the next round starts at the lane
-//!   after the one where it stopped, so a peer that keeps sending never
+//! * A receive round takes at most
+//!   [`ROUND_RECORDS`](super::lanes::ROUND_RECORDS) frames, a byte budget
+//!   and a time budget, whichever ends first; the next round starts at the
+//!   lane after the one where it stopped, so a peer that keeps sending never
 //!   starves the others.
 //! * Remote pause: members that serve requests register a
 //!   receive-flow switch; while every member is paused, publishers wait as
@@ -23,7 +24,8 @@ use std::task::{Context, Poll};
 use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
-use super::lanes::{Lane, ROUND_RECORDS, ReceiveRound, Round};
+use super::lanes::{Lane, ReceiveRound, Round};
+use super::queue_state::State;
 pub use super::stats::QueueStats;
 use super::{BrokerShared, Connection};
 use crate::waiters::Waiters;
@@ -36,133 +38,6 @@ pub(crate) enum Refused {
     Full(Envelope),
     /// The queue is closed.
     Closed,
-}
-
-struct State {
-    /// Never empty: the last lane stays (with its buffer) when it drains.
-    lanes: Vec<Lane>,
-    /// The lane the current round reads.
-    cursor: usize,
-    round: Round,
-    closed: bool,
-    /// Members whose receive flow is paused.
-    paused_members: usize,
-    /// Consumers waiting for a frame: one is woken per admitted frame.
-    readers: Waiters,
-}
-
-impl State {
-    /// The lane of `peer`, made if needed.
-    #[inline]
-    fn lane(&mut self, peer: u64) -> &mut Lane {
-        if let [only] = &mut self.lanes[..]
-            && (only.peer == peer || only.items.is_empty())
-        {
-            // The common case: one peer (or an empty queue) — no search.
-            only.peer = peer;
-            return &mut self.lanes[0];
-        }
-        self.other_lane(peer)
-    }
-
-    #[cold]
-    fn other_lane(&mut self, peer: u64) -> &mut Lane {
-        let at = match self.lanes.iter().position(|l| l.peer == peer) {
-            Some(at) => at,
-            None if self.lanes.len() == 1 && self.lanes[0].items.is_empty() => {
-                self.lanes[0].peer = peer;
-                0
-            }
-            None => {
-                self.lanes.push(Lane::new(peer));
-                self.lanes.len() - 1
-            }
-        };
-        &mut self.lanes[at]
-    }
-
-    /// Removes the single-lane replies at the head of every lane (they never
-    /// become deliveries), with the bytes they were charged.
-    #[cold]
-    fn take_head_replies(&mut self, prefix: &Text) -> (Vec<Envelope>, usize) {
-        let mut replies = Vec::new();
-        let mut bytes = 0;
-        for lane in &mut self.lanes {
-            while lane
-                .items
-                .front()
-                .is_some_and(|env| env.subject().starts_with(prefix.as_str()))
-            {
-                if let Some((reply, len, _)) = lane.pop() {
-                    bytes += len;
-                    replies.push(reply);
-                }
-            }
-        }
-        if self.lanes.len() > 1 {
-            let cursor_lane = self.lanes[self.cursor].peer;
-            self.lanes.retain(|lane| !lane.items.is_empty());
-            if self.lanes.is_empty() {
-                self.lanes.push(Lane::new(0));
-            }
-            self.cursor = self
-                .lanes
-                .iter()
-                .position(|lane| lane.peer == cursor_lane)
-                .unwrap_or(0);
-        }
-        (replies, bytes)
-    }
-
-    /// Takes the next frame in fair order, with its charged bytes
-    /// and the bytes its lane still holds.
-    #[inline]
-    fn pop(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
-        if let [only] = &mut self.lanes[..] {
-            // One peer: rounds change nothing, so they cost nothing.
-            return only.pop();
-        }
-        self.pop_fair(budget)
-    }
-
-    // Out of line: the one-peer path stays small.
-    #[inline(never)]
-    fn pop_fair(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
-        let n = self.lanes.len();
-        let at = (0..n)
-            .map(|k| (self.cursor + k) % n)
-            .find(|&at| !self.lanes[at].items.is_empty())?;
-        // An empty lane passes the round on to the next one.
-        self.cursor = at;
-        let (env, len, left) = self.lanes[at].pop()?;
-        let now = Instant::now();
-        let round = &mut self.round;
-        round.records += 1;
-        round.bytes += len;
-        let started = *round.started.get_or_insert(now);
-        if round.records >= ROUND_RECORDS
-            || round.bytes >= budget.bytes
-            || now.duration_since(started) >= budget.time
-        {
-            // The next round starts after the lane where this one stopped.
-            self.round = Round::default();
-            self.cursor = at + 1;
-        }
-        if self.lanes[at].items.is_empty() {
-            self.lanes.remove(at);
-            if self.cursor > at {
-                self.cursor -= 1;
-            }
-            if self.lanes.len() == 1 {
-                // Back to one peer: the next multi-peer round starts fresh.
-                self.round = Round::default();
-            }
-        }
-        if self.cursor >= self.lanes.len() {
-            self.cursor = 0;
-        }
-        Some((env, len, left))
-    }
 }
 
 pub(crate) struct Queue {
