@@ -50,7 +50,7 @@ impl Subscription for MemorySubscription {
         })
         .await;
         let env = self.queue.wait_pop(&self.conn).await?;
-        Some(self.delivery(env))
+        Some(MemoryDelivery::new(env, &self.queue))
     }
 
     #[inline]
@@ -61,10 +61,7 @@ impl Subscription for MemorySubscription {
             return None;
         }
         let queue = &self.queue;
-        queue.try_pop_into(|env| MemoryDelivery {
-            env: Some(env),
-            queue: Arc::clone(queue),
-        })
+        queue.try_pop_into(|env| MemoryDelivery::new(env, queue))
     }
 
     /// One lock for the whole batch.
@@ -73,24 +70,11 @@ impl Subscription for MemorySubscription {
             return 0;
         }
         let queue = &self.queue;
-        queue.try_pop_many(max, |env| {
-            batch.push(MemoryDelivery {
-                env: Some(env),
-                queue: Arc::clone(queue),
-            })
-        })
+        queue.try_pop_many(max, |env| batch.push(MemoryDelivery::new(env, queue)))
     }
 }
 
 impl MemorySubscription {
-    #[inline]
-    fn delivery(&self, env: Envelope) -> MemoryDelivery {
-        MemoryDelivery {
-            env: Some(env),
-            queue: Arc::clone(&self.queue),
-        }
-    }
-
     /// A requester whose replies come back through this subscription's own
     /// receive FIFO: the single-lane request/reply mode (ClientServer
     /// DEALER-ROUTER in the spec). Data queued before a reply is received
@@ -179,6 +163,14 @@ pub struct MemoryDelivery {
 }
 
 impl MemoryDelivery {
+    #[inline]
+    fn new(env: Envelope, queue: &Arc<Queue>) -> Self {
+        MemoryDelivery {
+            env: Some(env),
+            queue: Arc::clone(queue),
+        }
+    }
+
     #[inline]
     fn take(&mut self) -> Envelope {
         match self.env.take() {

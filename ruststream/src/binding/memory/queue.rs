@@ -104,6 +104,13 @@ impl Queue {
         self.state.lock()
     }
 
+    /// Whether a lane that still holds `left` bytes is at its low-water
+    /// mark (see `BrokerShared::release`).
+    #[inline]
+    fn drained(&self, left: usize) -> bool {
+        left <= self.budget / 2
+    }
+
     fn paused(&self, state: &State) -> bool {
         state.paused_members > 0 && state.paused_members >= self.members.load(Ordering::Acquire)
     }
@@ -338,8 +345,7 @@ impl Queue {
             self.taken(state, len, left);
             return Some(made);
         }
-        // The lane's low-water mark (see `BrokerShared::release`).
-        if !self.shared.release_bytes(len, left <= self.budget / 2) {
+        if !self.shared.release_bytes(len, self.drained(left)) {
             // Nothing to wake (the common case): what `make` makes goes
             // straight to the caller, not through a local kept across the
             // unlock and a wake-up.
@@ -367,7 +373,7 @@ impl Queue {
             };
             bytes += len;
             // Any lane that fell to its low-water mark wakes the publishers.
-            drained |= left <= self.budget / 2;
+            drained |= self.drained(left);
             each(env);
             taken += 1;
         }
@@ -382,8 +388,7 @@ impl Queue {
     /// from a lane that still holds `left` bytes.
     #[inline]
     fn taken(&self, mut state: MutexGuard<'_, State>, len: usize, left: usize) {
-        // The lane's low-water mark (see `BrokerShared::release`).
-        let lane_drained = left <= self.budget / 2;
+        let lane_drained = self.drained(left);
         if self.carries_replies.load(Ordering::Relaxed) {
             // Replies that reached a head with this pop complete now.
             let (replies, bytes) = state.take_head_replies(&self.reply_prefix);

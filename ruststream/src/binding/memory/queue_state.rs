@@ -36,7 +36,7 @@ impl State {
     }
 
     #[cold]
-    pub(super) fn other_lane(&mut self, peer: u64) -> &mut Lane {
+    fn other_lane(&mut self, peer: u64) -> &mut Lane {
         let at = match self.lanes.iter().position(|l| l.peer == peer) {
             Some(at) => at,
             None if self.lanes.len() == 1 && self.lanes[0].items.is_empty() => {
@@ -97,7 +97,7 @@ impl State {
 
     // Out of line: the one-peer path stays small.
     #[inline(never)]
-    pub(super) fn pop_fair(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
+    fn pop_fair(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
         let n = self.lanes.len();
         let at = (0..n)
             .map(|k| (self.cursor + k) % n)
