@@ -99,6 +99,21 @@ impl Route {
         }
     }
 
+    /// Marks the drive woken; `true` if somebody polls it now, who looks
+    /// for the wake-up when done ([`after_poll`](Self::after_poll)).
+    fn woken_while_polled(&self) -> bool {
+        self.woken.store(true, SeqCst);
+        self.polling.load(SeqCst) != NOBODY
+    }
+
+    /// After a poll (`polling` back to `NOBODY`, the drive unlocked): a
+    /// wake-up that came meanwhile goes to whoever is to poll now.
+    fn after_poll(&self) {
+        if self.woken.load(SeqCst) {
+            self.hand_off();
+        }
+    }
+
     /// Wakes whoever is to poll now.
     fn hand_off(&self) {
         if self.reading.load(SeqCst) {
@@ -143,10 +158,9 @@ impl Wake for Route {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, SeqCst);
         // Whoever polls now looks again when done; the reader's task reads
         // again before it waits.
-        if self.polling.load(SeqCst) != NOBODY {
+        if self.woken_while_polled() {
             return;
         }
         if self.reading.load(SeqCst) {
@@ -250,15 +264,30 @@ impl Pump {
     /// Polls the drive as `who` if it was woken; returns at once if the
     /// other one polls (it looks for the wake-up when done).
     fn run(&self, who: u8) {
-        let mut drive = match self.drive.try_lock() {
-            Ok(drive) => drive,
-            Err(TryLockError::WouldBlock) => return,
-            Err(TryLockError::Poisoned(poisoned)) => {
-                // It panicked while polled: never polled again.
-                let drive = poisoned.into_inner().take();
-                self.end();
-                drop(drive);
-                return;
+        let mut drive = loop {
+            match self.drive.try_lock() {
+                Ok(drive) => break drive,
+                Err(TryLockError::WouldBlock) => {
+                    if who == READER && self.route.yielded.load(SeqCst) {
+                        // The read a yielded drive waits for: left as a
+                        // wake-up for whoever polls (which the connection
+                        // task, polling when not woken, would not take).
+                        if self.route.woken_while_polled() {
+                            return;
+                        }
+                        // It is taking or leaving the lock: try again.
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    return;
+                }
+                Err(TryLockError::Poisoned(poisoned)) => {
+                    // It panicked while polled: never polled again.
+                    let drive = poisoned.into_inner().take();
+                    self.end();
+                    drop(drive);
+                    return;
+                }
             }
         };
         self.route.polling.store(who, SeqCst);
@@ -267,21 +296,25 @@ impl Pump {
         // (or a wake-up); whoever polls it takes the yield.
         let yielded = (woken || who == READER) && self.route.yielded.swap(false, SeqCst);
         let go = woken || yielded;
-        if go
-            && let Some(future) = drive.as_mut()
-            && future
-                .as_mut()
-                .poll(&mut Context::from_waker(&self.waker))
-                .is_ready()
-        {
-            *drive = None;
-            self.end();
+        if go && let Some(future) = drive.as_mut() {
+            match future.as_mut().poll(&mut Context::from_waker(&self.waker)) {
+                Poll::Ready(()) => {
+                    *drive = None;
+                    self.end();
+                }
+                // Stopped by the poller's cooperative budget, not by a
+                // resource: Tokio leaves that wake-up to the poller's
+                // scheduler, which a dedicated thread parking itself on its
+                // ring does not run. It goes to whoever is to poll now.
+                Poll::Pending if !tokio::task::coop::has_budget_remaining() => {
+                    self.route.woken.store(true, SeqCst);
+                }
+                Poll::Pending => {}
+            }
         }
         self.route.polling.store(NOBODY, SeqCst);
         drop(drive);
-        if self.route.woken.load(SeqCst) {
-            self.route.hand_off();
-        }
+        self.route.after_poll();
     }
 }
 
@@ -347,236 +380,4 @@ impl Drop for Reader<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicUsize;
-    use std::time::Duration;
-
-    use tokio::sync::Notify;
-
-    use super::*;
-
-    /// A drive that counts its polls and waits for `go` `rounds` times.
-    fn counting(go: Arc<Notify>, rounds: usize) -> (Arc<Pump>, Arc<AtomicUsize>) {
-        let polls = Arc::new(AtomicUsize::new(0));
-        let seen = Arc::clone(&polls);
-        let pump = Pump::new(|_| async move {
-            for _ in 0..rounds {
-                seen.fetch_add(1, SeqCst);
-                go.notified().await;
-            }
-        });
-        (pump, polls)
-    }
-
-    /// The connection task ends within a bound.
-    async fn ends(task: tokio::task::JoinHandle<()>, what: &str) {
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .unwrap_or_else(|_| panic!("{what}: not within 5 s"))
-            .expect("no panic");
-    }
-
-    async fn eventually(what: &str, check: impl Fn() -> bool) {
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while !check() {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting until {what}"));
-    }
-
-    #[tokio::test]
-    async fn the_task_polls_while_nobody_reads_and_ends_with_the_drive() {
-        let go = Arc::new(Notify::new());
-        let (pump, polls) = counting(Arc::clone(&go), 3);
-        let task = tokio::spawn(Arc::clone(&pump).task());
-        eventually("the first poll", || polls.load(SeqCst) == 1).await;
-        go.notify_one();
-        eventually("the second poll", || polls.load(SeqCst) == 2).await;
-        go.notify_one();
-        eventually("the third poll", || polls.load(SeqCst) == 3).await;
-        go.notify_one();
-        ends(task, "the task ends with the drive").await;
-        assert!(pump.is_done());
-    }
-
-    #[tokio::test]
-    async fn a_reader_gets_the_wake_ups_and_hands_them_back_when_it_leaves() {
-        let go = Arc::new(Notify::new());
-        let (pump, polls) = counting(Arc::clone(&go), 4);
-        // No task yet: only the reader polls.
-        let reader = pump.reader();
-        poll_fn(|cx| {
-            reader.poll(cx);
-            Poll::Ready(())
-        })
-        .await;
-        assert_eq!(polls.load(SeqCst), 1, "the reader polled the drive");
-        // Woken while the reader waits: the reader's task is woken, and
-        // its next poll drives.
-        let woke = poll_fn(|cx| {
-            reader.poll(cx);
-            if polls.load(SeqCst) == 2 {
-                Poll::Ready(())
-            } else {
-                if polls.load(SeqCst) == 1 {
-                    go.notify_one();
-                }
-                Poll::Pending
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(5), woke)
-            .await
-            .expect("the reader's task is woken for the drive");
-        // The reader leaves with nothing pending; the next wake-up goes to
-        // the connection task.
-        drop(reader);
-        let task = tokio::spawn(Arc::clone(&pump).task());
-        go.notify_one();
-        eventually("the task's poll", || polls.load(SeqCst) == 3).await;
-        go.notify_one();
-        eventually("the last poll", || polls.load(SeqCst) == 4).await;
-        go.notify_one();
-        ends(task, "the task ends with the drive").await;
-    }
-
-    #[tokio::test]
-    async fn a_wake_up_left_by_the_reader_goes_to_the_task() {
-        let go = Arc::new(Notify::new());
-        let (pump, polls) = counting(Arc::clone(&go), 2);
-        let task = tokio::spawn(Arc::clone(&pump).task());
-        eventually("the first poll", || polls.load(SeqCst) == 1).await;
-        {
-            let reader = pump.reader();
-            poll_fn(|cx| {
-                reader.poll(cx);
-                Poll::Ready(())
-            })
-            .await;
-            // Woken while the reader has the turn, but it leaves before
-            // polling again.
-            go.notify_one();
-        }
-        eventually("the task's poll", || polls.load(SeqCst) == 2).await;
-        go.notify_one();
-        ends(task, "the task ends with the drive").await;
-    }
-
-    #[tokio::test]
-    async fn the_readers_own_wake_ups_wait_for_its_next_read() {
-        let go = Arc::new(Notify::new());
-        let (pump, polls) = counting(Arc::clone(&go), 3);
-        let task = tokio::spawn(Arc::clone(&pump).task());
-        eventually("the first poll", || polls.load(SeqCst) == 1).await;
-        let reader = tokio::spawn({
-            let (pump, polls, go) = (Arc::clone(&pump), Arc::clone(&polls), Arc::clone(&go));
-            async move {
-                pump.poke();
-                // Woken from the reader's task (as by its ack): nobody
-                // else polls, though the connection task had every chance.
-                go.notify_one();
-                for _ in 0..8 {
-                    tokio::task::yield_now().await;
-                }
-                assert_eq!(polls.load(SeqCst), 1, "left for the reader's next read");
-                pump.poke();
-                assert_eq!(polls.load(SeqCst), 2, "the reader's next read polls");
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(5), reader)
-            .await
-            .expect("the reader finishes")
-            .expect("no panic");
-        // Woken from elsewhere: the connection task polls.
-        go.notify_one();
-        eventually("the task's poll", || polls.load(SeqCst) == 3).await;
-        go.notify_one();
-        ends(task, "the task ends with the drive").await;
-    }
-
-    /// A drive that yields to the reader after each step, then waits for
-    /// `go`: counts the steps begun and the ones past the yield.
-    fn yielding(go: Arc<Notify>) -> (Arc<Pump>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-        let (begun, past) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (b, p) = (Arc::clone(&begun), Arc::clone(&past));
-        let pump = Pump::new(move |turn| async move {
-            loop {
-                b.fetch_add(1, SeqCst);
-                turn.yield_to_reader().await;
-                p.fetch_add(1, SeqCst);
-                go.notified().await;
-            }
-        });
-        (pump, begun, past)
-    }
-
-    /// The reader polls first; the drive stops at its yield.
-    async fn read_once(pump: &Pump) {
-        let reader = pump.reader();
-        poll_fn(|cx| {
-            reader.poll(cx);
-            Poll::Ready(())
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn a_drive_that_yields_to_the_reader_waits_for_its_next_read() {
-        let go = Arc::new(Notify::new());
-        let (pump, begun, past) = yielding(Arc::clone(&go));
-        read_once(&pump).await;
-        assert_eq!((begun.load(SeqCst), past.load(SeqCst)), (1, 0));
-        let task = tokio::spawn(Arc::clone(&pump).task());
-        for _ in 0..8 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(past.load(SeqCst), 0, "nobody polls it but the reader");
-        pump.poke();
-        assert_eq!(past.load(SeqCst), 1, "the reader's next read goes on");
-        // Woken from elsewhere, the connection task polls, and does not
-        // stop at the yield.
-        go.notify_one();
-        eventually("the task's poll past the yield", || past.load(SeqCst) == 2).await;
-        assert_eq!(begun.load(SeqCst), 2);
-        pump.stop();
-        ends(task, "the task ends once stopped").await;
-    }
-
-    #[tokio::test]
-    async fn a_released_drive_goes_on_in_the_connection_task() {
-        let go = Arc::new(Notify::new());
-        let (pump, _, past) = yielding(go);
-        read_once(&pump).await;
-        let task = tokio::spawn(Arc::clone(&pump).task());
-        for _ in 0..8 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(past.load(SeqCst), 0, "it waits for the reader");
-        // The reader will not read for a while (paused flow, close).
-        pump.release();
-        eventually("the task's poll past the yield", || past.load(SeqCst) == 1).await;
-        pump.stop();
-        ends(task, "the task ends once stopped").await;
-    }
-
-    #[tokio::test]
-    async fn stop_drops_a_drive_that_never_ends() {
-        struct Dropped(Arc<AtomicBool>);
-        impl Drop for Dropped {
-            fn drop(&mut self) {
-                self.0.store(true, SeqCst);
-            }
-        }
-        let dropped = Arc::new(AtomicBool::new(false));
-        let guard = Dropped(Arc::clone(&dropped));
-        let pump = Pump::new(|_| async move {
-            let _guard = guard;
-            std::future::pending::<()>().await;
-        });
-        let task = tokio::spawn(Arc::clone(&pump).task());
-        pump.stop();
-        assert!(dropped.load(SeqCst), "the drive was dropped");
-        ends(task, "the task ends once stopped").await;
-    }
-}
+mod tests;
