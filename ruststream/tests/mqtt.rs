@@ -551,6 +551,75 @@ async fn a_shutdown_mid_stream_sends_every_ack_it_owes() {
     sender.close().await.unwrap();
 }
 
+/// Every mode acks what it handled before its DISCONNECT (RT-9), with quick
+/// handlers and a small receive maximum (so `workers` and `threads(n)`
+/// claim in place and poll the connection themselves): the next run with
+/// the same session gets nothing again, only the marker published for it
+/// (a session's unacked messages come before anything new).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mode_acks_what_it_handled_before_it_disconnects() {
+    const N: usize = 300;
+    type Mode = fn(SubscriberConfig) -> SubscriberConfig;
+    let modes: [(&str, Mode); 4] = [
+        ("default", |c| c),
+        ("workers", |c| c.workers(4)),
+        ("by_key", |c| c.workers_by_key(2)),
+        ("threads", |c| c.threads(2)),
+    ];
+    let sender = mqtt().await;
+    for (name, mode) in modes {
+        let topic = unique(&format!("rs/acked-{name}/"));
+        let client_id = unique(&format!("rs-acked-{name}-"));
+        let first = Recorder::new(mode(SubscriberConfig::new(topic.as_str())), None);
+        let calls = Arc::clone(&first.calls);
+        let app = connect(builder().client_id(client_id.as_str()).receive_maximum(4)).await;
+        let running = App::new()
+            .broker(app.clone())
+            .subscriber(first)
+            .start()
+            .await
+            .unwrap();
+        for i in 0..N {
+            publish(&sender, &topic, &i.to_string()).await;
+        }
+        until(30, &format!("every message handled ({name})"), || {
+            calls.load(Ordering::SeqCst) as usize >= N
+        })
+        .await;
+        running.shutdown().await.unwrap();
+        app.close().await.unwrap();
+
+        let second = Recorder::new(SubscriberConfig::new(topic.as_str()), None);
+        let seen = Arc::clone(&second.seen);
+        let app = connect(builder().client_id(client_id.as_str())).await;
+        let running = App::new()
+            .broker(app.clone())
+            .subscriber(second)
+            .start()
+            .await
+            .unwrap();
+        publish(&sender, &topic, "marker").await;
+        until(10, &format!("the marker ({name})"), || {
+            seen.lock().unwrap().iter().any(|(p, _)| p == "marker")
+        })
+        .await;
+        running.shutdown().await.unwrap();
+        app.close().await.unwrap();
+        let again: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(p, _)| p.clone())
+            .filter(|p| p != "marker")
+            .collect();
+        assert!(
+            again.is_empty(),
+            "{name}: handled in the first run, delivered again: {again:?}"
+        );
+    }
+    sender.close().await.unwrap();
+}
+
 /// Receive flow (JQ-21, JQ-23): the broker never has more than the receive
 /// maximum of unacked QoS 1 messages out with a subscription; each ack lets
 /// one more in (memory stays bounded however far behind the app is).
