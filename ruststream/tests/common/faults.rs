@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ruststream::bytes::Bytes;
@@ -18,6 +19,7 @@ use ruststream::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, Subscri
 use ruststream::{App, BoxError, Broker, Envelope, Json, Message, RunningApp};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::Semaphore;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::within;
@@ -35,15 +37,17 @@ pub fn job(id: &str) -> Vec<u8> {
 }
 
 /// What the app under test does with a job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Behaviour {
     /// Handles every job.
     Handle,
     /// Never settles a job: the handler waits forever (a test kills the
     /// process with the jobs in flight).
     Hold,
-    /// Takes a few milliseconds per job, so jobs queue up behind it.
-    Slow,
+    /// Takes a few milliseconds per job, so jobs queue up behind it, and
+    /// finishes only with a permit of the gate: the test decides how many
+    /// jobs end before it stops the app, however fast the handlers run.
+    Gated(Arc<Semaphore>),
 }
 
 /// The subscriber of the app under test. A job whose id starts with
@@ -84,12 +88,15 @@ impl SendSubscriber for Recorder {
         if job.id.starts_with("crash") {
             std::process::abort();
         }
-        let behaviour = self.behaviour;
+        let behaviour = self.behaviour.clone();
         let to_stdout = self.seen.is_none();
         async move {
             match behaviour {
                 Behaviour::Hold => std::future::pending::<()>().await,
-                Behaviour::Slow => tokio::time::sleep(Duration::from_millis(5)).await,
+                Behaviour::Gated(gate) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    gate.acquire().await.expect("the gate stays open").forget();
+                }
                 Behaviour::Handle => {}
             }
             if to_stdout {
@@ -530,7 +537,8 @@ pub async fn crash_loop<P: Future<Output = ()>>(
 
 /// A graceful stop mid-stream (RT-9): an app whose handler takes a few
 /// milliseconds per job starts on `n` jobs (published to its subject by
-/// `publisher` once it is up) and is shut down after a few, with the rest
+/// `publisher` once it is up) and is shut down after a few (only five
+/// finish before the stop begins: see [`Behaviour::Gated`]), with the rest
 /// at the broker or read ahead; a second app on a fresh connection
 /// (`connect`) gets exactly the rest. Nothing the first one handled comes
 /// back: every ack it made reached the broker before its connection closed.
@@ -544,12 +552,21 @@ pub async fn stopped_mid_stream<B, C>(
     C: Future<Output = B>,
 {
     let (seen_tx, mut seen) = unbounded_channel();
+    // Five jobs may finish before the stop begins, however fast the
+    // handlers run; the gate opens with its first step, and the ones in
+    // hand then finish during it (handled, so they must be acked).
+    let gate = Arc::new(Semaphore::new(5));
+    let opener = Arc::clone(&gate);
     let running = App::new()
         .broker(connect().await)
         .subscriber(Recorder {
             config: config.clone(),
-            behaviour: Behaviour::Slow,
+            behaviour: Behaviour::Gated(gate),
             seen: Some(seen_tx),
+        })
+        .on_shutdown(move |_| async move {
+            opener.add_permits(Semaphore::MAX_PERMITS - 5);
+            Ok(())
         })
         .start()
         .await
