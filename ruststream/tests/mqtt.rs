@@ -26,6 +26,7 @@ use ruststream::{
     App, BoxError, Broker, Delivery, HandlerError, Json, Message, Requester, Result,
     SubscribeOptions, Subscription, header,
 };
+use tokio::sync::Semaphore;
 
 const START: &str = "mosquitto -d -c /etc/mosquitto/mosquitto.conf \
      (or run scripts/test.sh, which starts it)";
@@ -417,6 +418,8 @@ struct Recorder {
     calls: Arc<AtomicU32>,
     /// How long each call takes after it records.
     busy: Duration,
+    /// A permit of it ends each call (after `busy`), when set.
+    gate: Option<Arc<Semaphore>>,
 }
 
 impl Recorder {
@@ -427,7 +430,14 @@ impl Recorder {
             seen: Arc::default(),
             calls: Arc::default(),
             busy: Duration::ZERO,
+            gate: None,
         }
+    }
+
+    /// Each call ends only with a permit of `gate`.
+    fn gated(mut self, gate: Arc<Semaphore>) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// Each call takes `busy` (so messages queue up behind it).
@@ -467,9 +477,13 @@ impl SendSubscriber for Recorder {
             None => Outcome::Ack(Some(body)),
         };
         let busy = self.busy;
+        let gate = self.gate.clone();
         async move {
             if !busy.is_zero() {
                 tokio::time::sleep(busy).await;
+            }
+            if let Some(gate) = gate {
+                gate.acquire().await.expect("the gate stays open").forget();
             }
             outcome
         }
@@ -487,13 +501,23 @@ async fn a_shutdown_mid_stream_sends_every_ack_it_owes() {
     let client_id = unique("rs-owed-");
     let sender = mqtt().await;
     let config = SubscriberConfig::new(topic.as_str()).queue_group("owed");
-    // Slow enough that most messages still wait in the buffer at shutdown.
-    let first = Recorder::new(config.clone(), None).busy(Duration::from_millis(5));
+    // Slow enough that most messages still wait in the buffer at shutdown,
+    // and only five calls end before the shutdown begins (the gate opens
+    // in its first step), however late this task gets to it.
+    let gate = Arc::new(Semaphore::new(5));
+    let opener = Arc::clone(&gate);
+    let first = Recorder::new(config.clone(), None)
+        .busy(Duration::from_millis(5))
+        .gated(gate);
     let seen_first = Arc::clone(&first.seen);
     let app = connect(builder().client_id(client_id.as_str())).await;
     let running = App::new()
         .broker(app.clone())
         .subscriber(first)
+        .on_shutdown(move |_| async move {
+            opener.add_permits(Semaphore::MAX_PERMITS - 5);
+            Ok(())
+        })
         .start()
         .await
         .unwrap();
