@@ -575,6 +575,27 @@ async fn a_shutdown_mid_stream_sends_every_ack_it_owes() {
     sender.close().await.unwrap();
 }
 
+/// A subscriber's config in one execution mode.
+type Mode = fn(SubscriberConfig) -> SubscriberConfig;
+
+/// Each execution mode, by name.
+const EVERY_MODE: [(&str, Mode); 4] = [
+    ("default", |c| c),
+    ("workers", |c| c.workers(4)),
+    ("by_key", |c| c.workers_by_key(2)),
+    ("threads", |c| c.threads(2)),
+];
+
+/// An app running `recorder` on `mqtt`.
+async fn start(mqtt: &MqttBroker, recorder: Recorder) -> ruststream::RunningApp {
+    App::new()
+        .broker(mqtt.clone())
+        .subscriber(recorder)
+        .start()
+        .await
+        .unwrap()
+}
+
 /// Every mode acks what it handled before its DISCONNECT (RT-9), with quick
 /// handlers and a small receive maximum (so `workers` and `threads(n)`
 /// claim in place and poll the connection themselves): the next run with
@@ -583,26 +604,14 @@ async fn a_shutdown_mid_stream_sends_every_ack_it_owes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_acks_what_it_handled_before_it_disconnects() {
     const N: usize = 300;
-    type Mode = fn(SubscriberConfig) -> SubscriberConfig;
-    let modes: [(&str, Mode); 4] = [
-        ("default", |c| c),
-        ("workers", |c| c.workers(4)),
-        ("by_key", |c| c.workers_by_key(2)),
-        ("threads", |c| c.threads(2)),
-    ];
     let sender = mqtt().await;
-    for (name, mode) in modes {
+    for (name, mode) in EVERY_MODE {
         let topic = unique(&format!("rs/acked-{name}/"));
         let client_id = unique(&format!("rs-acked-{name}-"));
         let first = Recorder::new(mode(SubscriberConfig::new(topic.as_str())), None);
         let calls = Arc::clone(&first.calls);
         let app = connect(builder().client_id(client_id.as_str()).receive_maximum(4)).await;
-        let running = App::new()
-            .broker(app.clone())
-            .subscriber(first)
-            .start()
-            .await
-            .unwrap();
+        let running = start(&app, first).await;
         for i in 0..N {
             publish(&sender, &topic, &i.to_string()).await;
         }
@@ -616,12 +625,7 @@ async fn every_mode_acks_what_it_handled_before_it_disconnects() {
         let second = Recorder::new(SubscriberConfig::new(topic.as_str()), None);
         let seen = Arc::clone(&second.seen);
         let app = connect(builder().client_id(client_id.as_str())).await;
-        let running = App::new()
-            .broker(app.clone())
-            .subscriber(second)
-            .start()
-            .await
-            .unwrap();
+        let running = start(&app, second).await;
         publish(&sender, &topic, "marker").await;
         until(10, &format!("the marker ({name})"), || {
             seen.lock().unwrap().iter().any(|(p, _)| p == "marker")
@@ -780,18 +784,11 @@ async fn a_busy_subscription_with_a_small_receive_maximum_never_stalls() {
 async fn every_mode_sharing_one_permit_with_a_small_receive_maximum_never_stalls() {
     const N: usize = 300;
     let mqtt = connect(builder().receive_maximum(4)).await;
-    type Mode = fn(SubscriberConfig) -> SubscriberConfig;
-    let modes: [(&str, Mode); 4] = [
-        ("default", |c| c),
-        ("workers", |c| c.workers(4)),
-        ("by_key", |c| c.workers_by_key(2)),
-        ("threads", |c| c.threads(2)),
-    ];
     let mut app = App::new()
         .broker(mqtt.clone())
         .job_queue(JobQueueSettings::default().max_queued_jobs(1));
     let mut streams = Vec::new();
-    for (name, mode) in modes {
+    for (name, mode) in EVERY_MODE {
         let topic = unique(&format!("rs/permit-{name}/"));
         let recorder = Recorder::new(mode(SubscriberConfig::new(topic.as_str())), None);
         streams.push((name, topic, Arc::clone(&recorder.calls)));
@@ -859,12 +856,7 @@ async fn an_app_that_dies_in_its_handler_gets_the_message_again_after_a_restart(
     let recorder = Recorder::new(SubscriberConfig::new(topic.as_str()), None);
     let seen = Arc::clone(&recorder.seen);
     let mqtt = connect(builder().client_id(client_id.as_str())).await;
-    let running = App::new()
-        .broker(mqtt.clone())
-        .subscriber(recorder)
-        .start()
-        .await
-        .unwrap();
+    let running = start(&mqtt, recorder).await;
     until(15, "the message again after the restart", || {
         !seen.lock().unwrap().is_empty()
     })
