@@ -34,6 +34,14 @@
 //! wake-up during a poll goes through the scheduler (never a loop here:
 //! Tokio's cooperative budget wakes a task whose budget is spent and
 //! expects it to yield).
+//!
+//! Two things count as wake-ups besides the resources': a reader's read
+//! that finds the other one polling (a drive that yielded waits for exactly
+//! that read, which the other one would not take unwoken), and a poll cut
+//! short by the poller's cooperative budget (Tokio leaves that wake-up to
+//! the poller's own scheduler, which a `threads(n)` thread parked on its
+//! ring does not run). Either lost, a subscription waited for its
+//! keep-alive with its receive maximum of messages unacked.
 
 use std::future::{Future, poll_fn};
 use std::hash::{Hash, Hasher};
