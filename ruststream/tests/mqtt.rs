@@ -739,6 +739,88 @@ async fn a_paused_receive_flow_takes_nothing_and_resumes_exactly_once() {
     mqtt.close().await.unwrap();
 }
 
+/// A PAUSED receive flow longer than the broker's keep-alive limit (1.5
+/// keep-alives) on a QoS 0 subscription, which MQTT does not flow-control:
+/// the full buffer stops the connection's event loop, and QoS 0 messages
+/// that find it full past a quarter of the keep-alive are dropped (counted
+/// as `slow_consumer`) rather than the keep-alive: the connection stays up,
+/// the buffered messages are handed out after the pause, and a message
+/// published after it arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_longer_than_the_keep_alive_keeps_the_connection() {
+    common::install_metrics();
+    let topic = unique("rs/long-pause/");
+    let mqtt = connect(
+        builder()
+            .keep_alive(Duration::from_secs(5))
+            .receive_maximum(2)
+            .subscription_qos(topic.as_str(), QoS::AtMostOnce),
+    )
+    .await;
+    let mut sub = mqtt
+        .subscribe(SubscribeOptions::new(topic.as_str()).receive_flow(true))
+        .await
+        .unwrap();
+    let flow = sub.receive_flow().expect("a receive flow");
+    flow.set_paused(true);
+    for i in 0..20 {
+        mqtt.publish_with(
+            &topic,
+            Message::new(i.to_string()),
+            QoS::AtMostOnce,
+            false,
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    // The quiet window is the point: past 1.5 keep-alives (7.5 s, which
+    // Mosquitto checks about once a second), a connection that sent no
+    // PINGREQ is closed by the broker.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    flow.set_paused(false);
+    for expected in ["0", "1"] {
+        let d = within(10, "a buffered message after the pause", sub.next())
+            .await
+            .unwrap();
+        assert_eq!(text(&d), expected);
+        d.ack().await.unwrap();
+    }
+    // Whatever else the buffer took once it had room again, the connection
+    // still delivers what comes after the pause.
+    mqtt.publish_with(&topic, Message::new("after"), QoS::AtMostOnce, false, None)
+        .await
+        .unwrap();
+    within(10, "the message published after the pause", async {
+        loop {
+            let d = sub.next().await.unwrap();
+            let after = text(&d) == "after";
+            d.ack().await.unwrap();
+            if after {
+                break;
+            }
+        }
+    })
+    .await;
+    let event = |event| {
+        common::counter_with(
+            ruststream::metrics::CONNECTION_EVENTS,
+            &[("binding", "mqtt"), ("event", event)],
+        )
+    };
+    assert_eq!(
+        event("disconnected"),
+        0,
+        "the broker closed the paused connection"
+    );
+    assert!(
+        event("slow_consumer") > 0,
+        "QoS 0 messages past the full buffer are counted as dropped"
+    );
+    drop(sub);
+    mqtt.close().await.unwrap();
+}
+
 /// A steady stream through an app's default loop (RT-2) with a small
 /// receive maximum never stalls (JQ-11: no persistent wait cycle): acks never wait for the connection's event loop,
 /// which itself may wait for room in the subscription's buffer (Mosquitto

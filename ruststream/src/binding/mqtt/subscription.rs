@@ -12,6 +12,11 @@
 //! buffer is full all the same (QoS 0, which MQTT does not flow-control, or
 //! a broker sending past the maximum, as Mosquitto 2.0 does under load) the
 //! event loop stops reading the socket and TCP pushes back on the broker.
+//! Stopped, the event loop sends no keep-alive either: a QoS 0 message that
+//! finds the buffer full for a quarter of the keep-alive is dropped, and so
+//! is every QoS 0 message after it until the buffer has room again (counted
+//! as `slow_consumer`, as a core NATS client drops what its buffer cannot
+//! take), so the broker never takes the connection for dead.
 //! Acks never wait for it. While the receive flow is PAUSED nothing is
 //! handed out: the buffer fills, the broker stops at the receive maximum,
 //! and memory stays bounded.
@@ -21,8 +26,10 @@ use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
+use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
+use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Filter, Publish};
 use tokio::sync::Notify;
 
@@ -67,6 +74,13 @@ pub(super) struct Buffer {
     /// Notified when a publish is taken out.
     room: Notify,
     closed: AtomicBool,
+    /// How long a QoS 0 publish waits for room before it is dropped: a
+    /// quarter of the keep-alive, so the event loop gets back to its pings
+    /// well within the broker's limit (1.5 keep-alives).
+    patience: Duration,
+    /// QoS 0 publishes are being dropped: one waited out `patience`, and
+    /// the buffer has had no room since.
+    dropping: AtomicBool,
 }
 
 impl Buffer {
@@ -94,6 +108,10 @@ impl Buffer {
         let was_empty = queue.is_empty();
         queue.push_back(publish.take().expect("pushed once"));
         drop(queue);
+        if self.dropping.load(Ordering::Relaxed) {
+            self.dropping.store(false, Ordering::Relaxed);
+            tracing::info!("MQTT subscription buffer has room again: QoS 0 messages are kept");
+        }
         // The reader waits only on an empty buffer (and is not waiting
         // while it polls the event loop itself).
         if was_empty && self.waiting.load(Ordering::SeqCst) {
@@ -103,19 +121,48 @@ impl Buffer {
     }
 }
 
+impl Buffer {
+    /// Waits until `publish` is buffered (or dropped after close).
+    async fn wait_for_room(&self, publish: &mut Option<(Publish, u64)>) {
+        loop {
+            let room = self.room.notified();
+            if self.try_deliver(publish) {
+                return;
+            }
+            room.await;
+        }
+    }
+
+    /// A QoS 0 publish the full buffer cannot take: dropped.
+    fn drop_at_most_once(&self) {
+        crate::metrics::connection_event("mqtt", "slow_consumer");
+        if !self.dropping.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                waited = ?self.patience,
+                "MQTT subscription buffer full: QoS 0 messages are dropped until it has room, so the connection's keep-alive goes on"
+            );
+        }
+    }
+}
+
 impl Inbound for Buffer {
     async fn deliver(&self, publish: Publish, epoch: u64) {
+        let at_most_once = publish.qos == QoS::AtMostOnce;
         let mut publish = Some((publish, epoch));
         // The first try registers nothing: the buffer is seldom full.
         if self.try_deliver(&mut publish) {
             return;
         }
-        loop {
-            let room = self.room.notified();
-            if self.try_deliver(&mut publish) {
-                return;
-            }
-            room.await;
+        if !at_most_once {
+            // Past the receive maximum: the broker waits for our acks.
+            return self.wait_for_room(&mut publish).await;
+        }
+        if self.dropping.load(Ordering::Relaxed)
+            || tokio::time::timeout(self.patience, self.wait_for_room(&mut publish))
+                .await
+                .is_err()
+        {
+            self.drop_at_most_once();
         }
     }
 
@@ -180,6 +227,8 @@ impl MqttSubscription {
             waiting: AtomicBool::new(false),
             room: Notify::new(),
             closed: AtomicBool::new(false),
+            patience: settings.keep_alive / 4,
+            dropping: AtomicBool::new(false),
         });
         let mut mqtt = broker.options(&client_id);
         mqtt.set_manual_acks(true);
