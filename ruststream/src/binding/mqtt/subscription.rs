@@ -12,14 +12,15 @@
 //! buffer is full all the same (QoS 0, which MQTT does not flow-control, or
 //! a broker sending past the maximum, as Mosquitto 2.0 does under load) the
 //! event loop stops reading the socket and TCP pushes back on the broker.
+//! Acks never wait for it. While the receive flow is PAUSED nothing is
+//! handed out: the buffer fills, the broker stops at the receive maximum,
+//! and memory stays bounded.
+//!
 //! Stopped, the event loop sends no keep-alive either: a QoS 0 message that
 //! finds the buffer full for a quarter of the keep-alive is dropped, and so
 //! is every QoS 0 message after it until the buffer has room again (counted
 //! as `slow_consumer`, as a core NATS client drops what its buffer cannot
 //! take), so the broker never takes the connection for dead.
-//! Acks never wait for it. While the receive flow is PAUSED nothing is
-//! handed out: the buffer fills, the broker stops at the receive maximum,
-//! and memory stays bounded.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -119,9 +120,7 @@ impl Buffer {
         }
         true
     }
-}
 
-impl Buffer {
     /// Waits until `publish` is buffered (or dropped after close).
     async fn wait_for_room(&self, publish: &mut Option<(Publish, u64)>) {
         loop {
