@@ -141,12 +141,7 @@ async fn a_session_keeps_what_was_published_while_the_app_was_down() {
     let first = Recorder::new(config.clone(), None);
     let seen = Arc::clone(&first.seen);
     let app = connect(builder().client_id(client_id.as_str())).await;
-    let running = App::new()
-        .broker(app)
-        .subscriber(first)
-        .start()
-        .await
-        .unwrap();
+    let running = start(&app, first).await;
     publish(&sender, &topic, "while up").await;
     until(10, "the first message handled", || {
         seen.lock().unwrap().len() == 1
@@ -161,22 +156,12 @@ async fn a_session_keeps_what_was_published_while_the_app_was_down() {
     let second = Recorder::new(config, None);
     let seen = Arc::clone(&second.seen);
     let app = connect(builder().client_id(client_id.as_str())).await;
-    let running = App::new()
-        .broker(app)
-        .subscriber(second)
-        .start()
-        .await
-        .unwrap();
+    let running = start(&app, second).await;
     until(10, "the messages published while down", || {
         seen.lock().unwrap().len() == 5
     })
     .await;
-    let got: Vec<String> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let got = payloads(&seen);
     assert_eq!(
         got,
         (0..5)
@@ -530,23 +515,13 @@ async fn a_shutdown_mid_stream_sends_every_ack_it_owes() {
     .await;
     running.shutdown().await.unwrap();
     app.close().await.unwrap();
-    let first: Vec<String> = seen_first
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let first = payloads(&seen_first);
     assert!(first.len() < N, "the shutdown came before the last message");
 
     let second = Recorder::new(config, None);
     let seen_second = Arc::clone(&second.seen);
     let app = connect(builder().client_id(client_id.as_str())).await;
-    let running = App::new()
-        .broker(app.clone())
-        .subscriber(second)
-        .start()
-        .await
-        .unwrap();
+    let running = start(&app, second).await;
     let rest = N - first.len();
     until(10, "the messages the first run left", || {
         seen_second.lock().unwrap().len() >= rest
@@ -554,12 +529,7 @@ async fn a_shutdown_mid_stream_sends_every_ack_it_owes() {
     .await;
     running.shutdown().await.unwrap();
     app.close().await.unwrap();
-    let second: Vec<String> = seen_second
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let second = payloads(&seen_second);
     let again: Vec<&String> = second.iter().filter(|p| first.contains(p)).collect();
     assert!(
         again.is_empty(),
@@ -585,6 +555,15 @@ const EVERY_MODE: [(&str, Mode); 4] = [
     ("by_key", |c| c.workers_by_key(2)),
     ("threads", |c| c.threads(2)),
 ];
+
+/// The payloads a [`Recorder`] saw, in order.
+fn payloads(seen: &Mutex<Vec<(String, u32)>>) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect()
+}
 
 /// An app running `recorder` on `mqtt`.
 async fn start(mqtt: &MqttBroker, recorder: Recorder) -> ruststream::RunningApp {
@@ -633,11 +612,8 @@ async fn every_mode_acks_what_it_handled_before_it_disconnects() {
         .await;
         running.shutdown().await.unwrap();
         app.close().await.unwrap();
-        let again: Vec<String> = seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(p, _)| p.clone())
+        let again: Vec<String> = payloads(&seen)
+            .into_iter()
             .filter(|p| p != "marker")
             .collect();
         assert!(
