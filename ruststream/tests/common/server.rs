@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use super::{unique, until};
 
-/// A server's arguments: `{port}` stands for the port, and the data
-/// directory is appended last (so the list ends with its flag).
+/// A server's arguments: `{port}` stands for the port and `{dir}` for the
+/// server's own directory, which is also appended last (so the list ends
+/// with the data directory's flag).
 pub type Args = &'static [&'static str];
 
 /// How a server is started on a port, with a directory of its own.
@@ -25,6 +26,10 @@ pub struct OwnServer {
     dir: PathBuf,
     /// How long starting may take.
     start_secs: u64,
+    /// What the server says first to a new connection, when it speaks
+    /// first (NATS's `INFO`): up means it greets, not only that the port
+    /// takes connections.
+    greeting: Option<&'static [u8]>,
 }
 
 fn free_port() -> u16 {
@@ -37,20 +42,25 @@ fn free_port() -> u16 {
 
 impl OwnServer {
     /// Starts `program` on a free loopback port and waits until it accepts
-    /// connections; fails loudly (with how to install it) when it cannot run.
+    /// connections (a nats-server: until it greets them with its `INFO`);
+    /// fails loudly (with how to install it) when it cannot run.
     pub async fn start(program: &'static str, args: Args) -> OwnServer {
+        let greeting = (program == "nats-server").then_some(&b"INFO"[..]);
         let launch = move |port: u16, dir: &Path| {
             let port = port.to_string();
             let mut argv: Vec<OsString> = args
                 .iter()
-                .map(|arg| arg.replace("{port}", &port).into())
+                .map(|arg| {
+                    let arg = arg.replace("{port}", &port);
+                    arg.replace("{dir}", &dir.to_string_lossy()).into()
+                })
                 .collect();
             argv.push(dir.into());
             let mut command = Command::new(program);
             command.args(argv);
             command
         };
-        OwnServer::launch(program, Box::new(launch), 10).await
+        OwnServer::launch(program, Box::new(launch), 10, greeting).await
     }
 
     /// `program` started by `launch` (given the port and the server's own
@@ -59,7 +69,7 @@ impl OwnServer {
         program: &'static str,
         launch: impl Fn(u16, &Path) -> Command + Send + Sync + 'static,
     ) -> OwnServer {
-        OwnServer::launch(program, Box::new(launch), 10).await
+        OwnServer::launch(program, Box::new(launch), 10, None).await
     }
 
     /// A redis-server whose streams survive `kill -9`: an append-only file
@@ -84,11 +94,21 @@ impl OwnServer {
         .await
     }
 
-    /// A nats-server with JetStream on file storage.
+    /// A nats-server with JetStream on file storage, its log in its
+    /// directory.
     pub async fn nats() -> OwnServer {
         OwnServer::start(
             "nats-server",
-            &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd"],
+            &[
+                "-a",
+                "127.0.0.1",
+                "-p",
+                "{port}",
+                "-l",
+                "{dir}/server.log",
+                "-js",
+                "-sd",
+            ],
         )
         .await
     }
@@ -129,10 +149,15 @@ impl OwnServer {
                 .env("ERL_EPMD_ADDRESS", "127.0.0.1");
             command
         };
-        OwnServer::launch("rabbitmq-server", Box::new(launch), 60).await
+        OwnServer::launch("rabbitmq-server", Box::new(launch), 60, None).await
     }
 
-    async fn launch(program: &'static str, launch: Launch, start_secs: u64) -> OwnServer {
+    async fn launch(
+        program: &'static str,
+        launch: Launch,
+        start_secs: u64,
+        greeting: Option<&'static [u8]>,
+    ) -> OwnServer {
         let port = free_port();
         let dir = std::env::temp_dir().join(unique(&format!("rs-{program}-")));
         std::fs::create_dir_all(&dir).unwrap();
@@ -143,17 +168,18 @@ impl OwnServer {
             port,
             dir,
             start_secs,
+            greeting,
         };
         server.start_again().await;
         server
     }
 
     async fn wait_up(&self) {
-        let port = self.port;
+        let (port, greeting) = (self.port, self.greeting);
         until(
             self.start_secs,
             &format!("the test's {} accepts connections", self.program),
-            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            || is_up(port, greeting),
         )
         .await;
     }
@@ -233,6 +259,28 @@ impl OwnServer {
         tokio::time::sleep(downtime).await;
         self.start_again().await;
     }
+}
+
+/// Whether the server on `port` takes a connection (and greets with
+/// `greeting`, when given). A probe that found nobody listening can be
+/// connected to itself (its ephemeral port the one probed): that is not up.
+fn is_up(port: u16, greeting: Option<&[u8]>) -> bool {
+    use std::io::Read;
+    let Ok(mut probe) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    if probe.local_addr().ok() == probe.peer_addr().ok() {
+        return false;
+    }
+    let Some(greeting) = greeting else {
+        return true;
+    };
+    let mut first = vec![0; greeting.len()];
+    probe
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .is_ok()
+        && probe.read_exact(&mut first).is_ok()
+        && first == greeting
 }
 
 /// SIGKILL to the process group the server leads (a RabbitMQ node's
