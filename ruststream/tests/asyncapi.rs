@@ -160,19 +160,21 @@ fn three_subscribers_a_reply_and_a_publisher_give_the_expected_document() {
     assert_eq!(shipped["payload"]["$ref"], "#/components/schemas/Shipped");
 }
 
-/// Where the parser is installed (`npm ci` there; scripts/test.sh does it).
+/// Where the parser is installed (`npm ci` there; scripts/test.sh does it);
+/// fails with how to install it when it is not.
 fn validator() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/asyncapi")
-}
-
-#[test]
-fn the_official_parser_accepts_the_json_and_the_yaml() {
-    let dir = validator();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/asyncapi");
     assert!(
         dir.join("node_modules/@asyncapi/parser").is_dir(),
         "the AsyncAPI parser is not installed: run `npm ci` in {} (scripts/test.sh does)",
         dir.display()
     );
+    dir
+}
+
+#[test]
+fn the_official_parser_accepts_the_json_and_the_yaml() {
+    let dir = validator();
     let doc = service().asyncapi();
     let out = std::env::temp_dir().join(common::unique("ruststream-asyncapi"));
     std::fs::create_dir_all(&out).unwrap();
@@ -219,6 +221,7 @@ fn the_parser_refuses_a_broken_document() {
         .arg(&file)
         .output()
         .expect("node runs (install Node.js)");
-    assert!(!run.status.success());
-    assert!(String::from_utf8_lossy(&run.stderr).contains("INVALID"));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "the parser took a broken document");
+    assert!(stderr.contains("INVALID"), "{stderr}");
 }
