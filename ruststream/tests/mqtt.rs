@@ -716,12 +716,13 @@ async fn a_paused_receive_flow_takes_nothing_and_resumes_exactly_once() {
 }
 
 /// A PAUSED receive flow longer than the broker's keep-alive limit (1.5
-/// keep-alives) on a QoS 0 subscription, which MQTT does not flow-control:
-/// the full buffer stops the connection's event loop, and QoS 0 messages
-/// that find it full past a quarter of the keep-alive are dropped (counted
-/// as `slow_consumer`) rather than the keep-alive: the connection stays up,
-/// the buffered messages are handed out after the pause, and a message
-/// published after it arrives.
+/// keep-alives), with QoS 0 messages, which MQTT does not flow-control,
+/// filling the buffer: QoS 0 messages that find it full past a quarter of
+/// the keep-alive are dropped (counted as `slow_consumer`) rather than the
+/// keep-alive, and a QoS 1 message after them does not wait behind them
+/// (it is not dropped either): the connection stays up, the buffered
+/// messages are handed out after the pause, the QoS 1 one among them, and a
+/// message published after it arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_longer_than_the_keep_alive_keeps_the_connection() {
     common::install_metrics();
@@ -730,7 +731,7 @@ async fn a_pause_longer_than_the_keep_alive_keeps_the_connection() {
         builder()
             .keep_alive(Duration::from_secs(5))
             .receive_maximum(2)
-            .subscription_qos(topic.as_str(), QoS::AtMostOnce),
+            .subscription_qos(topic.as_str(), QoS::AtLeastOnce),
     )
     .await;
     let mut sub = mqtt
@@ -750,12 +751,15 @@ async fn a_pause_longer_than_the_keep_alive_keeps_the_connection() {
         .await
         .unwrap();
     }
+    mqtt.publish_with(&topic, Message::new("q1"), QoS::AtLeastOnce, false, None)
+        .await
+        .unwrap();
     // The quiet window is the point: past 1.5 keep-alives (7.5 s, which
     // Mosquitto checks about once a second), a connection that sent no
     // PINGREQ is closed by the broker.
     tokio::time::sleep(Duration::from_secs(10)).await;
     flow.set_paused(false);
-    for expected in ["0", "1"] {
+    for expected in ["0", "1", "q1"] {
         let d = within(10, "a buffered message after the pause", sub.next())
             .await
             .unwrap();

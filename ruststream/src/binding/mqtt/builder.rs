@@ -103,8 +103,10 @@ impl MqttBrokerBuilder {
     }
 
     /// Unacknowledged QoS 1/2 deliveries the broker may have outstanding
-    /// with one subscription (MQTT 5 receive maximum, default 64): also the
-    /// size of its receive buffer.
+    /// with one subscription (MQTT 5 receive maximum, default 64): also how
+    /// many QoS 1/2 messages, and how many QoS 0 ones, its receive buffer
+    /// holds (each has its own room, so QoS 0 messages never hold a QoS 1
+    /// one up).
     pub fn receive_maximum(mut self, messages: u16) -> Self {
         self.receive_maximum = messages.max(1);
         self

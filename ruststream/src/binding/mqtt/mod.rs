@@ -32,12 +32,12 @@
 //!   `ruststream-original-subject`, `ruststream-attempt`), then acks.
 //! * Receive flow: the broker never has more than the receive maximum
 //!   ([`MqttBrokerBuilder::receive_maximum`]) unacked QoS 1/2 messages out
-//!   with a subscription, and the subscription buffers at most that many; a
-//!   PAUSED receive flow hands nothing out, so the broker stops there. QoS 0
-//!   has no flow control in MQTT: a full buffer stops reading the socket,
-//!   and past a quarter of the keep-alive QoS 0 messages are dropped
-//!   (counted as `slow_consumer`) until it has room, so the keep-alive
-//!   goes on.
+//!   with a subscription, and the subscription buffers at most that many
+//!   (and as many QoS 0 ones, in a room of their own); a PAUSED receive
+//!   flow hands nothing out, so the broker stops there. QoS 0 has no flow
+//!   control in MQTT: a full buffer stops reading the socket, and past a
+//!   quarter of the keep-alive QoS 0 messages are dropped (counted as
+//!   `slow_consumer`) until it has room, so the keep-alive goes on.
 //!   While the runtime waits for a message, its loop polls the
 //!   subscription's event loop itself (no hand-off between tasks); every
 //!   connection sets `TCP_NODELAY`.

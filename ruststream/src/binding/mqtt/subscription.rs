@@ -66,7 +66,11 @@ pub(super) struct Shared {
 
 /// Received, not yet handed out.
 pub(super) struct Buffer {
-    queue: Mutex<VecDeque<(Publish, u64)>>,
+    queue: Mutex<Received>,
+    /// How many QoS 0 publishes, and how many QoS 1/2 ones, the buffer
+    /// holds at most: each class has its own room, so a QoS 1 publish (which
+    /// the broker holds back at the receive maximum) never waits behind QoS
+    /// 0 ones (which nothing holds back).
     capacity: usize,
     /// The reader, woken when a publish arrives while it `waiting`, and at
     /// close.
@@ -84,8 +88,45 @@ pub(super) struct Buffer {
     dropping: AtomicBool,
 }
 
+/// The buffered publishes, in arrival order, with their connection epoch.
+struct Received {
+    publishes: VecDeque<(Publish, u64)>,
+    /// How many of them are QoS 0.
+    at_most_once: usize,
+}
+
+impl Received {
+    /// How many of the class of `publish` (QoS 0, or QoS 1/2) are held.
+    fn held(&self, publish: &Publish) -> usize {
+        if publish.qos == QoS::AtMostOnce {
+            self.at_most_once
+        } else {
+            self.publishes.len() - self.at_most_once
+        }
+    }
+
+    fn push(&mut self, publish: (Publish, u64)) {
+        self.at_most_once += usize::from(publish.0.qos == QoS::AtMostOnce);
+        self.publishes.push_back(publish);
+    }
+
+    /// The oldest publish, and whether its class was full before.
+    fn pop(&mut self, capacity: usize) -> Option<((Publish, u64), bool)> {
+        let oldest = self.publishes.front()?;
+        let full = self.held(&oldest.0) >= capacity;
+        let oldest = self.publishes.pop_front()?;
+        self.at_most_once -= usize::from(oldest.0.qos == QoS::AtMostOnce);
+        Some((oldest, full))
+    }
+
+    fn clear(&mut self) {
+        self.publishes.clear();
+        self.at_most_once = 0;
+    }
+}
+
 impl Buffer {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<(Publish, u64)>> {
+    fn lock(&self) -> MutexGuard<'_, Received> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -95,7 +136,7 @@ impl Buffer {
         self.room.notify_waiters();
     }
 
-    /// Buffers `publish` (taking it) unless the buffer is full; `true` when
+    /// Buffers `publish` (taking it) unless its class is full; `true` when
     /// done with it (buffered, or dropped after close).
     fn try_deliver(&self, publish: &mut Option<(Publish, u64)>) -> bool {
         if self.closed.load(Ordering::Acquire) {
@@ -103,13 +144,15 @@ impl Buffer {
             return true;
         }
         let mut queue = self.lock();
-        if queue.len() >= self.capacity {
+        let (next, _) = publish.as_ref().expect("pushed once");
+        if queue.held(next) >= self.capacity {
             return false;
         }
-        let was_empty = queue.is_empty();
-        queue.push_back(publish.take().expect("pushed once"));
+        let at_most_once = next.qos == QoS::AtMostOnce;
+        let was_empty = queue.publishes.is_empty();
+        queue.push(publish.take().expect("pushed once"));
         drop(queue);
-        if self.dropping.load(Ordering::Relaxed) {
+        if at_most_once && self.dropping.load(Ordering::Relaxed) {
             self.dropping.store(false, Ordering::Relaxed);
             tracing::info!("MQTT subscription buffer has room again: QoS 0 messages are kept");
         }
@@ -153,7 +196,8 @@ impl Inbound for Buffer {
             return;
         }
         if !at_most_once {
-            // Past the receive maximum: the broker waits for our acks.
+            // Past the receive maximum (which the broker should not send):
+            // it waits for our acks.
             return self.wait_for_room(&mut publish).await;
         }
         if self.dropping.load(Ordering::Relaxed)
@@ -220,7 +264,10 @@ impl MqttSubscription {
         };
         let receive_maximum = settings.receive_maximum;
         let buffer = Arc::new(Buffer {
-            queue: Mutex::new(VecDeque::with_capacity(usize::from(receive_maximum))),
+            queue: Mutex::new(Received {
+                publishes: VecDeque::with_capacity(usize::from(receive_maximum)),
+                at_most_once: 0,
+            }),
             capacity: usize::from(receive_maximum),
             reader: AtomicWaker::new(),
             waiting: AtomicBool::new(false),
@@ -263,7 +310,7 @@ impl MqttSubscription {
 
     /// `Some(true)` with a publish at hand, `Some(false)` once closed.
     fn at_hand(&self) -> Option<bool> {
-        if !self.buffer.lock().is_empty() {
+        if !self.buffer.lock().publishes.is_empty() {
             Some(true)
         } else if self.closed() || self.buffer.closed.load(Ordering::Acquire) {
             Some(false)
@@ -308,10 +355,9 @@ impl Subscription for MqttSubscription {
     fn try_next(&mut self) -> Option<MqttDelivery> {
         let (publish, epoch) = {
             let mut queue = self.buffer.lock();
-            let full = queue.len() >= self.buffer.capacity;
-            let taken = queue.pop_front()?;
+            let (taken, full) = queue.pop(self.buffer.capacity)?;
             drop(queue);
-            // The event loop waits only on a full buffer.
+            // The event loop waits only on a full class.
             if full {
                 self.buffer.room.notify_waiters();
             }
