@@ -390,3 +390,40 @@ impl Drop for MqttSubscription {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Publish;
+
+    use super::Received;
+
+    fn publish(payload: &'static str, qos: QoS) -> (Publish, u64) {
+        (Publish::new("t", qos, payload, None), 0)
+    }
+
+    #[test]
+    fn each_class_has_its_own_room_and_arrival_order_holds() {
+        let mut received = Received {
+            publishes: Default::default(),
+            at_most_once: 0,
+        };
+        let capacity = 2;
+        for payload in ["a", "b"] {
+            received.push(publish(payload, QoS::AtMostOnce));
+        }
+        let qos0 = publish("c", QoS::AtMostOnce).0;
+        let qos1 = publish("d", QoS::AtLeastOnce).0;
+        assert_eq!(received.held(&qos0), capacity, "QoS 0 is full");
+        assert_eq!(received.held(&qos1), 0, "QoS 1 has room beside it");
+        received.push(publish("d", QoS::AtLeastOnce));
+        let ((first, _), full) = received.pop(capacity).unwrap();
+        assert_eq!((&first.payload[..], full), (&b"a"[..], true));
+        let ((second, _), full) = received.pop(capacity).unwrap();
+        assert_eq!((&second.payload[..], full), (&b"b"[..], false));
+        let ((third, _), full) = received.pop(capacity).unwrap();
+        assert_eq!((&third.payload[..], full), (&b"d"[..], false));
+        assert_eq!(received.at_most_once, 0);
+        assert!(received.pop(capacity).is_none());
+    }
+}
