@@ -59,11 +59,7 @@ async fn a_reader_gets_the_wake_ups_and_hands_them_back_when_it_leaves() {
     let (pump, polls) = counting(Arc::clone(&go), 4);
     // No task yet: only the reader polls.
     let reader = pump.reader();
-    poll_fn(|cx| {
-        reader.poll(cx);
-        Poll::Ready(())
-    })
-    .await;
+    poll_once(&reader).await;
     assert_eq!(polls.load(SeqCst), 1, "the reader polled the drive");
     // Woken while the reader waits: the reader's task is woken, and
     // its next poll drives.
@@ -101,11 +97,7 @@ async fn a_wake_up_left_by_the_reader_goes_to_the_task() {
     eventually("the first poll", || polls.load(SeqCst) == 1).await;
     {
         let reader = pump.reader();
-        poll_fn(|cx| {
-            reader.poll(cx);
-            Poll::Ready(())
-        })
-        .await;
+        poll_once(&reader).await;
         // Woken while the reader has the turn, but it leaves before
         // polling again.
         go.notify_one();
@@ -165,7 +157,11 @@ fn yielding(go: Arc<Notify>) -> (Arc<Pump>, Arc<AtomicUsize>, Arc<AtomicUsize>) 
 
 /// The reader polls first; the drive stops at its yield.
 async fn read_once(pump: &Pump) {
-    let reader = pump.reader();
+    poll_once(&pump.reader()).await;
+}
+
+/// One read by `reader`, whatever it finds.
+async fn poll_once(reader: &Reader<'_>) {
     poll_fn(|cx| {
         reader.poll(cx);
         Poll::Ready(())
