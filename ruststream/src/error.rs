@@ -18,7 +18,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// The operation did not complete before its deadline: a publish
     /// waited for queue space that did not free up in time, or every waiter slot
-    /// was taken.
+    /// was taken; or a request found the service's queue full or paused (a
+    /// request does not wait for space).
     #[error("deadline exceeded: {0}")]
     DeadlineExceeded(&'static str),
     /// A request got no reply within its timeout.

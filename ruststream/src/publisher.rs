@@ -17,8 +17,9 @@ use crate::{Codec, Envelope, Json, Message, Result};
 /// queue is full it waits for space until the send's deadline and then fails
 /// with [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded) — never retried, never re-targeted.
 /// A waiting send holds no job permit and no execution slot: other
-/// deliveries keep running. Requests do not wait for queue space on the
-/// reply side: replies complete the caller directly.
+/// deliveries keep running. A request does not wait for queue space (JQ-19):
+/// a full or paused queue refuses it at once with the same error, and its
+/// reply completes the caller directly.
 ///
 /// Get one from [`Publisher::new`], from a handler's
 /// [`Ctx::publisher`](crate::Ctx::publisher), or from

@@ -1,6 +1,7 @@
 //! The send side (JQ-18 … JQ-20, JQ-24 items 4 and 14): a refused send
 //! changes nothing, a waiting send holds no execution slot and no permit,
-//! and oversized messages are refused before decode.
+//! a request does not wait for queue space, and oversized messages are
+//! refused before decode.
 
 mod common;
 
@@ -47,7 +48,7 @@ async fn jq24_4_a_refused_send_or_request_leaves_count_bytes_and_sequence_unchan
         .await;
     assert!(
         matches!(request, Err(Error::DeadlineExceeded(_))),
-        "a request refused admission fails with its deadline: {request:?}"
+        "a request refused admission fails: {request:?}"
     );
     assert_eq!(queue(&server, "seq4"), before, "count and bytes unchanged");
 
@@ -66,6 +67,102 @@ async fn jq24_4_a_refused_send_or_request_leaves_count_bytes_and_sequence_unchan
     }
     assert_eq!(seen, ["0", "1", "2", "5"]);
     assert_eq!(queue(&server, "seq4").queued, 0);
+}
+
+// ---------------------------------------------------------------- JQ-19
+
+#[tokio::test]
+async fn jq19_a_request_does_not_wait_for_queue_space() {
+    let server = MemoryBroker::builder()
+        .hwm(CoreHwm::default().budget_bytes(frame(1)))
+        .build();
+    let long = Duration::from_secs(60);
+    let request = |subject: &'static str| {
+        let server = server.clone();
+        async move {
+            server
+                .request_message(subject, Message::new("?"), long)
+                .await
+        }
+    };
+
+    // A full queue: the request fails at once, long before its timeout.
+    let mut full = server
+        .subscribe(SubscribeOptions::new("q19.full"))
+        .await
+        .unwrap();
+    server
+        .publish_message("q19.full", Message::new("x"), None)
+        .await
+        .unwrap();
+    let refused = within(5, "a request to a full queue", request("q19.full")).await;
+    assert!(
+        matches!(refused, Err(Error::DeadlineExceeded(_))),
+        "{refused:?}"
+    );
+    assert_eq!(queue(&server, "q19.full").queued, 1, "nothing was added");
+
+    // A paused queue (a request/reply source under pressure): the same.
+    let paused = server
+        .subscribe(
+            SubscribeOptions::new("q19.paused")
+                .queue_group("g")
+                .receive_flow(true),
+        )
+        .await
+        .unwrap();
+    let flow = paused.receive_flow().expect("a request/reply source");
+    flow.set_paused(true);
+    let refused = within(5, "a request to a paused queue", request("q19.paused")).await;
+    assert!(
+        matches!(refused, Err(Error::DeadlineExceeded(_))),
+        "{refused:?}"
+    );
+    assert_eq!(queue(&server, "q19.paused").queued, 0);
+
+    // A publish to the same full queue still waits for space (three
+    // stages): it goes through once the queue drains.
+    let waiting = tokio::spawn({
+        let server = server.clone();
+        async move {
+            server
+                .publish_message("q19.full", Message::new("y"), None)
+                .await
+        }
+    });
+    let first = within(5, "the queued frame", full.next()).await.unwrap();
+    first.ack().await.unwrap();
+    within(5, "the waiting publish", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Fan-out: one subscription full, the other with room. The request
+    // stands where it was taken, and its reply comes back from there.
+    let mut open = server
+        .subscribe(SubscribeOptions::new("q19.full"))
+        .await
+        .unwrap();
+    let caller = tokio::spawn(request("q19.full"));
+    let taken = within(5, "the request at the queue with room", open.next())
+        .await
+        .unwrap();
+    let reply_to = taken.envelope().reply_to().expect("a request").clone();
+    server
+        .publish_message(&reply_to, Message::new("!"), None)
+        .await
+        .unwrap();
+    taken.ack().await.unwrap();
+    let reply = within(5, "the reply", caller).await.unwrap().unwrap();
+    assert_eq!(reply.payload(), "!".as_bytes());
+    let mut queued: Vec<_> = server
+        .queues()
+        .into_iter()
+        .filter(|q| q.subject.as_str() == "q19.full")
+        .map(|q| q.queued)
+        .collect();
+    queued.sort();
+    assert_eq!(queued, [0, 1], "the full queue took nothing more");
 }
 
 // ---------------------------------------------------------------- item 14

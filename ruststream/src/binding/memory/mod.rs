@@ -7,13 +7,15 @@
 //! * Each receive queue is bounded by a byte high-water mark
 //!   ([`CoreHwm`]); a publish into a full queue waits for space until
 //!   its deadline, then fails with [`Error::DeadlineExceeded`]. Waiter
-//!   slots are bounded; nothing is dropped to make room, nothing polls.
+//!   slots are bounded; nothing is dropped to make room, nothing polls. A
+//!   request does not wait (JQ-19): a full queue refuses it at once with
+//!   the same error.
 //! * Each queue keeps one lane per publishing connection, with its own HWM
 //!   budget, read in fair rounds: a flooding connection never starves
 //!   the others ([`MemoryBroker::connect`], [`ReceiveRound`]).
 //! * Request/reply sources ([`SubscribeOptions::receive_flow`](crate::SubscribeOptions::receive_flow)) expose a
-//!   receive-flow switch: while paused, publishers wait as for a full
-//!   queue; [`MemoryBroker::queues`] shows the state.
+//!   receive-flow switch: while paused, publishers wait and requests are
+//!   refused, as for a full queue; [`MemoryBroker::queues`] shows the state.
 //! * `nack` (and dropping a delivery unsettled) redelivers with attempt + 1;
 //!   `reject` goes to the subscription's dead-letter subject, else is dropped
 //!   with a warning.

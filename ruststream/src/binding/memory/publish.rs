@@ -219,6 +219,11 @@ impl Future for Publish<'_, '_> {
                     match inner.publish_now(peer, subject, message, this.request) {
                         Ok(()) => return Poll::Ready(Ok(())),
                         Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
+                        // JQ-19: a request does not wait for space.
+                        Err(Stalled::Full(refused)) if this.request => {
+                            this.state = PublishState::Done;
+                            return Poll::Ready(refused.offer_rest());
+                        }
                         Err(Stalled::Full(waiting)) => {
                             let deadline = *deadline;
                             this.state = PublishState::Waiting(Box::pin(waiting.wait(deadline)));
@@ -269,6 +274,40 @@ struct Waiting {
 }
 
 impl Waiting {
+    /// A request `targets[at]` refused: it does not wait for space (JQ-19)
+    /// but is offered once to each target after it. It stands if any target
+    /// took it (a reply may come from there); when none did it fails at
+    /// once, and its caller decides what to do.
+    fn offer_rest(self) -> Result<()> {
+        let queues = self.targets.queues();
+        let mut taken = self.at > 0;
+        let mut from = self.at + 1;
+        let mut rest = self.rest;
+        while let Some(message) = rest.take() {
+            // A queue closed since the route was read is passed over, as a
+            // publish racing an unsubscribe does.
+            match push_now(self.peer, &queues[from..], &self.subject, message, true) {
+                Ok(()) => taken = true,
+                Err(PushStall::Closed) => unreachable!("closed queues are passed over"),
+                Err(PushStall::Full {
+                    at, rest: after, ..
+                }) => {
+                    taken |= at > 0;
+                    from += at + 1;
+                    rest = after;
+                }
+            }
+        }
+        if taken {
+            tracing::debug!(subject = %self.subject, "a full or paused queue did not take the request; others did");
+            return Ok(());
+        }
+        crate::metrics::deadline_exceeded("memory");
+        Err(Error::DeadlineExceeded(
+            "the receive queue is full or paused, and a request does not wait for space",
+        ))
+    }
+
     /// wait for space until the deadline, submit once, then publish to
     /// the remaining queues as usual.
     async fn wait(self, deadline: Deadline) -> Result<()> {

@@ -134,6 +134,8 @@ impl MemoryBroker {
             .inbox
             .open(|arena, id| inbox_subject(arena, &inner.inbox_prefix, lane, id));
         let _guard = InboxGuard { inner, id };
+        // The publish of a request never waits for space (JQ-19): a full
+        // queue refuses it at once, so the deadline bounds the reply's wait.
         inner
             .publish(
                 Some(&self.conn),
