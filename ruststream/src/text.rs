@@ -59,17 +59,26 @@ const ARENA_CHUNK: usize = 4096;
 
 impl TextArena {
     /// The concatenation of `parts`, cut from the current chunk (or a new
-    /// one when it is full); longer text than fits inline takes the
-    /// ordinary way.
+    /// one when it is full); a text that could take more than an eighth of
+    /// a chunk takes the ordinary way.
     pub(crate) fn concat(&mut self, parts: &[Part<'_>]) -> Text {
-        let Some(inline) = Inline::concat(parts) else {
+        // Room for every number at its widest: written straight into the
+        // chunk, with no copy on the way.
+        let most: usize = parts.iter().map(Part::most).sum();
+        if most > ARENA_CHUNK / 8 {
             return Text::from(Part::concat(parts));
-        };
-        let text = inline.as_ref();
-        if self.chunk.capacity() < text.len() {
+        }
+        if self.chunk.capacity() < most {
             self.chunk = BytesMut::with_capacity(ARENA_CHUNK);
         }
-        self.chunk.extend_from_slice(text);
+        let mut digits = [0; 20];
+        for part in parts {
+            self.chunk.extend_from_slice(match part {
+                Part::Str(s) => s.as_bytes(),
+                Part::Decimal(n) => decimal(*n, &mut digits),
+                Part::Hex(n) => hex(*n, &mut digits),
+            });
+        }
         // Whole `str`s and ASCII digits: valid UTF-8.
         Text(self.chunk.split().freeze())
     }
@@ -86,6 +95,14 @@ pub(crate) enum Part<'a> {
 }
 
 impl Part<'_> {
+    /// The most bytes this part can take.
+    fn most(&self) -> usize {
+        match self {
+            Part::Str(s) => s.len(),
+            Part::Decimal(_) | Part::Hex(_) => 20,
+        }
+    }
+
     fn concat(parts: &[Part<'_>]) -> String {
         use std::fmt::Write;
         let mut text = String::new();
@@ -126,45 +143,6 @@ fn hex(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
         if n == 0 {
             return &buf[at..];
         }
-    }
-}
-
-/// Bytes [`TextArena::concat`] formats on the stack.
-const INLINE: usize = 56;
-
-/// A short formatted text, on the stack.
-struct Inline {
-    len: u8,
-    buf: [u8; INLINE],
-}
-
-impl Inline {
-    /// `parts` written inline; `None` when they do not fit.
-    fn concat(parts: &[Part<'_>]) -> Option<Inline> {
-        let mut inline = Inline {
-            len: 0,
-            buf: [0; INLINE],
-        };
-        let mut digits = [0; 20];
-        for part in parts {
-            let bytes = match part {
-                Part::Str(s) => s.as_bytes(),
-                Part::Decimal(n) => decimal(*n, &mut digits),
-                Part::Hex(n) => hex(*n, &mut digits),
-            };
-            let at = usize::from(inline.len);
-            let end = at + bytes.len();
-            inline.buf.get_mut(at..end)?.copy_from_slice(bytes);
-            // At most INLINE (checked just above), which fits a `u8`.
-            inline.len = end as u8;
-        }
-        Some(inline)
-    }
-}
-
-impl AsRef<[u8]> for Inline {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf[..usize::from(self.len)]
     }
 }
 
@@ -262,11 +240,11 @@ mod tests {
         for (n, text) in texts.iter().enumerate() {
             assert_eq!(text.as_str(), format!("_INBOX.{n}{n:x}"));
         }
-        let long = "x".repeat(100);
+        let long = "x".repeat(ARENA_CHUNK);
         assert_eq!(
             arena.concat(&[Part::Str(&long)]).as_str(),
             long,
-            "too long to format inline"
+            "too long for the arena"
         );
     }
 }

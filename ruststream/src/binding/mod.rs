@@ -417,8 +417,9 @@ pub trait Requester: Broker {
         message: Message,
         timeout: Duration,
     ) -> impl Future<Output = Result<Envelope>> + Send {
-        let reply = self.send_request(subject, message, timeout);
-        async move { reply_result(reply.await?) }
+        // Made inside the block: a request future built outside would be
+        // moved into it, a copy of its whole state on every request.
+        async move { reply_result(self.send_request(subject, message, timeout).await?) }
     }
 }
 
