@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::delivery::LaneRequester;
 use super::inbox;
 use super::queue::Queue;
@@ -129,19 +127,18 @@ impl MemoryBroker {
     ) -> Result<Envelope> {
         let inner = &*self.inner;
         self.ensure_open()?;
-        let deadline = Instant::now() + timeout;
         let (id, reply_to) = inner
             .inbox
             .open(|arena, id| inbox_subject(arena, &inner.inbox_prefix, lane, id));
         let _guard = InboxGuard { inner, id };
-        // The publish of a request never waits for space (JQ-19): a full
-        // queue refuses it at once, so the deadline bounds the reply's wait.
+        // The publish of a request never waits for space (JQ-19: a full
+        // queue refuses it at once), so it needs no deadline of its own.
         inner
             .publish(
                 Some(&self.conn),
                 subject,
                 message.with_reply_to(reply_to),
-                Deadline::At(deadline),
+                Deadline::After(timeout),
             )
             .request()
             .await?;
@@ -149,7 +146,10 @@ impl MemoryBroker {
         if let Some(reply) = after_one_yield(reply.as_mut()).await {
             return Ok(reply);
         }
-        tokio::time::timeout_at(deadline, reply)
+        // The clock is read only now, for a reply that did not come at once:
+        // the publish before never waits, so the timeout starts one turn of
+        // the runtime later than the call, not more.
+        tokio::time::timeout(timeout, reply)
             .await
             .map_err(|_| Error::Timeout(timeout))
     }
