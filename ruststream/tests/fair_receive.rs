@@ -233,3 +233,46 @@ async fn jq24_9_accounting_is_per_peer() {
     assert_eq!(stats.queued, 8);
     assert_eq!(stats.bytes, 2 * budget);
 }
+
+#[tokio::test]
+async fn jq24_9_a_redelivery_goes_back_to_its_own_peers_lane() {
+    let budget = 2 * frame("a:0".len());
+    let server = MemoryBroker::builder()
+        .hwm(CoreHwm::default().budget_bytes(budget))
+        .build();
+    let mut sub = server
+        .subscribe(SubscribeOptions::new("fair"))
+        .await
+        .unwrap();
+    let (a, b) = (server.connect(), server.connect());
+    a.publish_message("fair", Message::new("a:0"), None)
+        .await
+        .unwrap();
+    b.publish_message("fair", Message::new("b:0"), None)
+        .await
+        .unwrap();
+    // a's only frame is taken (its lane empties, the round moves on to b's)
+    // and given back.
+    let taken = within(5, "a's frame", sub.next()).await.unwrap();
+    assert_eq!(taken.envelope().payload(), "a:0".as_bytes());
+    taken.nack().await.unwrap();
+    let stats = &server.queues()[0];
+    assert_eq!((stats.peers, stats.queued), (2, 2), "each in its own lane");
+    // b's lane holds only b's frame: one more of b's fits its budget.
+    let soon = Instant::now() + Duration::from_millis(20);
+    b.publish_message("fair", Message::new("b:1"), Some(soon))
+        .await
+        .expect("b's budget is b's alone");
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let d = within(5, "a queued frame", sub.next()).await.unwrap();
+        seen.push(String::from_utf8(d.envelope().payload().to_vec()).unwrap());
+        assert_eq!(
+            d.envelope().attempt(),
+            if seen.last().unwrap() == "a:0" { 2 } else { 1 }
+        );
+        d.ack().await.unwrap();
+    }
+    seen.sort();
+    assert_eq!(seen, ["a:0", "b:0", "b:1"]);
+}

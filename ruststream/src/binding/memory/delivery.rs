@@ -49,8 +49,8 @@ impl Subscription for MemorySubscription {
             Poll::Ready(())
         })
         .await;
-        let env = self.queue.wait_pop(&self.conn).await?;
-        Some(MemoryDelivery::new(env, &self.queue))
+        let (env, peer) = self.queue.wait_pop(&self.conn).await?;
+        Some(MemoryDelivery::new(env, peer, &self.queue))
     }
 
     #[inline]
@@ -61,7 +61,7 @@ impl Subscription for MemorySubscription {
             return None;
         }
         let queue = &self.queue;
-        queue.try_pop_into(|env| MemoryDelivery::new(env, queue))
+        queue.try_pop_into(|env, peer| MemoryDelivery::new(env, peer, queue))
     }
 
     /// One lock for the whole batch.
@@ -70,7 +70,9 @@ impl Subscription for MemorySubscription {
             return 0;
         }
         let queue = &self.queue;
-        queue.try_pop_many(max, |env| batch.push(MemoryDelivery::new(env, queue)))
+        queue.try_pop_many(max, |env, peer| {
+            batch.push(MemoryDelivery::new(env, peer, queue))
+        })
     }
 }
 
@@ -160,14 +162,18 @@ pub struct MemoryDelivery {
     /// `Some` until settled.
     env: Option<Envelope>,
     queue: Arc<Queue>,
+    /// The publishing peer whose lane it came from: a redelivery goes back
+    /// there.
+    peer: u64,
 }
 
 impl MemoryDelivery {
     #[inline]
-    fn new(env: Envelope, queue: &Arc<Queue>) -> Self {
+    fn new(env: Envelope, peer: u64, queue: &Arc<Queue>) -> Self {
         MemoryDelivery {
             env: Some(env),
             queue: Arc::clone(queue),
+            peer,
         }
     }
 
@@ -179,10 +185,11 @@ impl MemoryDelivery {
         }
     }
 
-    fn redeliver(queue: &Queue, env: Envelope) {
+    /// Back to the head of its publisher's lane, with attempt + 1.
+    fn redeliver(&self, env: Envelope) {
         let attempt = env.attempt() + 1;
-        if !queue.requeue(env.with_attempt(attempt)) {
-            tracing::debug!(subject = %queue.subject, "queue closed; unsettled delivery discarded");
+        if !self.queue.requeue(self.peer, env.with_attempt(attempt)) {
+            tracing::debug!(subject = %self.queue.subject, "queue closed; unsettled delivery discarded");
         }
     }
 }
@@ -209,7 +216,7 @@ impl Delivery for MemoryDelivery {
 
     async fn nack(mut self) -> Result<()> {
         let env = self.take();
-        Self::redeliver(&self.queue, env);
+        self.redeliver(env);
         Ok(())
     }
 
@@ -239,7 +246,7 @@ impl Delivery for MemoryDelivery {
             Ok(()) => Ok(()),
             Err(err) => {
                 // Losing a rejected message is worse than seeing it again.
-                Self::redeliver(&self.queue, env);
+                self.redeliver(env);
                 Err(err)
             }
         }
@@ -249,7 +256,7 @@ impl Delivery for MemoryDelivery {
 impl Drop for MemoryDelivery {
     fn drop(&mut self) {
         if let Some(env) = self.env.take() {
-            Self::redeliver(&self.queue, env);
+            self.redeliver(env);
         }
     }
 }

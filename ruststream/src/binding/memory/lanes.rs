@@ -36,6 +36,17 @@ impl Default for ReceiveRound {
 /// Lane capacity kept after a burst drains.
 const SHRINK_ABOVE: usize = 1024;
 
+/// A frame taken from its lane.
+pub(super) struct Popped {
+    pub(super) env: Envelope,
+    /// The peer whose lane it left: where a redelivery puts it back.
+    pub(super) peer: u64,
+    /// The bytes it was charged.
+    pub(super) len: usize,
+    /// The bytes its lane still holds.
+    pub(super) left: usize,
+}
+
 /// The frames of one peer. Peer 0 is the broker itself (dead letters,
 /// retries, requests).
 pub(super) struct Lane {
@@ -53,9 +64,9 @@ impl Lane {
         }
     }
 
-    /// The head frame, its charged bytes and the bytes the lane still holds.
+    /// The head frame.
     #[inline]
-    pub(super) fn pop(&mut self) -> Option<(Envelope, usize, usize)> {
+    pub(super) fn pop(&mut self) -> Option<Popped> {
         let env = self.items.pop_front()?;
         let len = env.frame_bytes();
         self.bytes -= len;
@@ -63,7 +74,12 @@ impl Lane {
             // Give a burst's memory back once it has drained.
             self.items.shrink_to(SHRINK_ABOVE);
         }
-        Some((env, len, self.bytes))
+        Some(Popped {
+            env,
+            peer: self.peer,
+            len,
+            left: self.bytes,
+        })
     }
 }
 

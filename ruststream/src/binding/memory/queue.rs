@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
-use super::lanes::{Lane, ReceiveRound, Round};
+use super::lanes::{Lane, Popped, ReceiveRound, Round};
 use super::queue_state::State;
 pub use super::stats::QueueStats;
 use super::{BrokerShared, Connection};
@@ -236,18 +236,19 @@ impl Queue {
         }
     }
 
-    /// Puts a delivered frame back at the head of the lane being read, for
-    /// redelivery. It was already admitted once, so it is not refused again:
-    /// the overshoot is bounded by the number of deliveries in flight.
-    pub(crate) fn requeue(&self, env: Envelope) -> bool {
+    /// Puts a frame delivered from `peer`'s lane back at the head of that
+    /// lane, for redelivery: its bytes count against its own publisher's
+    /// budget again, never another's. It was already admitted once, so it
+    /// is not refused again: the overshoot is bounded by the number of
+    /// deliveries in flight.
+    pub(crate) fn requeue(&self, peer: u64, env: Envelope) -> bool {
         let len = env.frame_bytes();
         let mut state = self.lock();
         if state.closed {
             return false;
         }
         self.shared.charge_unchecked(len);
-        let cursor = state.cursor;
-        let lane = &mut state.lanes[cursor];
+        let lane = state.lane(peer);
         lane.bytes += len;
         lane.items.push_front(env);
         let reader = state.readers.take_one();
@@ -263,7 +264,7 @@ impl Queue {
     /// it. Looking and registering happen in one lock (see [`Waiters`]); a
     /// closing connection wakes the readers of every queue
     /// ([`wake_readers`](Self::wake_readers)).
-    pub(crate) async fn wait_pop(&self, conn: &Connection) -> Option<Envelope> {
+    pub(crate) async fn wait_pop(&self, conn: &Connection) -> Option<(Envelope, u64)> {
         let mut reader = Reader {
             queue: self,
             token: None,
@@ -276,13 +277,13 @@ impl Queue {
         conn: &Connection,
         token: &mut Option<u64>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Envelope>> {
+    ) -> Poll<Option<(Envelope, u64)>> {
         let mut state = self.lock();
-        if let Some((env, len, left)) = state.pop(&self.round) {
+        if let Some(popped) = state.pop(&self.round) {
             // Done waiting: nothing for the `Reader` to hand on.
             state.readers.forget(token.take());
-            self.taken(state, len, left);
-            return Poll::Ready(Some(env));
+            self.taken(state, popped.len, popped.left);
+            return Poll::Ready(Some((popped.env, popped.peer)));
         }
         if state.closed || conn.is_closed() {
             state.readers.forget(token.take());
@@ -328,20 +329,20 @@ impl Queue {
         }
     }
 
-    /// The head frame in fair order, if any (a closed queue holds none).
+    /// The head frame in fair order, made into what `make` makes of it and
+    /// the peer whose lane it left (no user code: `make` runs under the
+    /// queue's lock); `None` if there is none (a closed queue holds none).
     #[inline]
-    pub(crate) fn try_pop(&self) -> Option<Envelope> {
-        self.try_pop_into(|env| env)
-    }
-
-    /// The head frame, made into what `make` makes of it (no user code:
-    /// `make` runs under the queue's lock).
-    #[inline]
-    pub(crate) fn try_pop_into<R>(&self, make: impl FnOnce(Envelope) -> R) -> Option<R> {
+    pub(crate) fn try_pop_into<R>(&self, make: impl FnOnce(Envelope, u64) -> R) -> Option<R> {
         let mut state = self.lock();
-        let (env, len, left) = state.pop(&self.round)?;
+        let Popped {
+            env,
+            peer,
+            len,
+            left,
+        } = state.pop(&self.round)?;
         if self.carries_replies.load(Ordering::Relaxed) {
-            let made = make(env);
+            let made = make(env, peer);
             self.taken(state, len, left);
             return Some(made);
         }
@@ -349,32 +350,32 @@ impl Queue {
             // Nothing to wake (the common case): what `make` makes goes
             // straight to the caller, not through a local kept across the
             // unlock and a wake-up.
-            return Some(make(env));
+            return Some(make(env, peer));
         }
         drop(state);
         self.shared.space.notify_waiters();
-        Some(make(env))
+        Some(make(env, peer))
     }
 
     /// Up to `max` head frames in fair order, each handed to `each`, under
     /// one lock; how many. A queue that carries replies pops one at a time
     /// (replies reaching the head complete as each frame leaves).
-    pub(crate) fn try_pop_many(&self, max: usize, mut each: impl FnMut(Envelope)) -> usize {
+    pub(crate) fn try_pop_many(&self, max: usize, mut each: impl FnMut(Envelope, u64)) -> usize {
         let mut state = self.lock();
         if self.carries_replies.load(Ordering::Relaxed) {
             drop(state);
-            let popped = std::iter::from_fn(|| self.try_pop()).take(max);
-            return popped.map(each).count();
+            let popped = std::iter::from_fn(|| self.try_pop_into(|env, peer| (env, peer)));
+            return popped.take(max).map(|(env, peer)| each(env, peer)).count();
         }
         let (mut taken, mut bytes, mut drained) = (0, 0, false);
         while taken < max {
-            let Some((env, len, left)) = state.pop(&self.round) else {
+            let Some(popped) = state.pop(&self.round) else {
                 break;
             };
-            bytes += len;
+            bytes += popped.len;
             // Any lane that fell to its low-water mark wakes the publishers.
-            drained |= self.drained(left);
-            each(env);
+            drained |= self.drained(popped.left);
+            each(popped.env, popped.peer);
             taken += 1;
         }
         drop(state);

@@ -4,7 +4,7 @@
 
 use tokio::time::Instant;
 
-use super::lanes::{Lane, ROUND_RECORDS, ReceiveRound, Round};
+use super::lanes::{Lane, Popped, ROUND_RECORDS, ReceiveRound, Round};
 use crate::waiters::Waiters;
 use crate::{Envelope, Text};
 
@@ -63,9 +63,9 @@ impl State {
                 .front()
                 .is_some_and(|env| env.subject().starts_with(prefix.as_str()))
             {
-                if let Some((reply, len, _)) = lane.pop() {
-                    bytes += len;
-                    replies.push(reply);
+                if let Some(reply) = lane.pop() {
+                    bytes += reply.len;
+                    replies.push(reply.env);
                 }
             }
         }
@@ -84,10 +84,9 @@ impl State {
         (replies, bytes)
     }
 
-    /// Takes the next frame in fair order, with its charged bytes
-    /// and the bytes its lane still holds.
+    /// Takes the next frame in fair order.
     #[inline]
-    pub(super) fn pop(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
+    pub(super) fn pop(&mut self, budget: &ReceiveRound) -> Option<Popped> {
         if let [only] = &mut self.lanes[..] {
             // One peer: rounds change nothing, so they cost nothing.
             return only.pop();
@@ -97,14 +96,15 @@ impl State {
 
     // Out of line: the one-peer path stays small.
     #[inline(never)]
-    fn pop_fair(&mut self, budget: &ReceiveRound) -> Option<(Envelope, usize, usize)> {
+    fn pop_fair(&mut self, budget: &ReceiveRound) -> Option<Popped> {
         let n = self.lanes.len();
         let at = (0..n)
             .map(|k| (self.cursor + k) % n)
             .find(|&at| !self.lanes[at].items.is_empty())?;
         // An empty lane passes the round on to the next one.
         self.cursor = at;
-        let (env, len, left) = self.lanes[at].pop()?;
+        let popped = self.lanes[at].pop()?;
+        let len = popped.len;
         let now = Instant::now();
         let round = &mut self.round;
         round.records += 1;
@@ -131,6 +131,6 @@ impl State {
         if self.cursor >= self.lanes.len() {
             self.cursor = 0;
         }
-        Some((env, len, left))
+        Some(popped)
     }
 }
