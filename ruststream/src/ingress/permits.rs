@@ -8,8 +8,11 @@ use tokio::time::Instant;
 use super::pressure::{Pressure, PressureState, Thresholds};
 use super::settings::JobQueueSettings;
 use crate::metrics;
-use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::{Mutex, MutexGuard, Semaphore};
+
+/// The bit of [`JobQueue`]'s count word that mirrors a PAUSED state.
+const PAUSED: usize = 1 << (usize::BITS - 1);
 
 /// A receive-flow switch: the one control point between framework
 /// pressure and a binding's receive flow. Called outside every lock
@@ -141,10 +144,12 @@ pub struct JobQueue {
     spare: AtomicUsize,
     max: usize,
     thresholds: Thresholds,
+    /// Permits in use, and in its top bit ([`PAUSED`]) a mirror of the
+    /// tracker's state for the lock-free fast path: one word, so a take or
+    /// release reads the state in the same step that changes the count
+    /// (see [`recompute`](Self::recompute)).
     in_use: AtomicUsize,
     waiters: AtomicUsize,
-    /// Mirror of the tracker's state, for the lock-free fast path.
-    paused: AtomicBool,
     tracker: Mutex<Tracker>,
     /// Serializes [`try_acquire_extra`](Self::try_acquire_extra).
     extra: Mutex<()>,
@@ -194,7 +199,6 @@ impl JobQueue {
             thresholds: Thresholds::new(max, pause, resume),
             in_use: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
-            paused: AtomicBool::new(false),
             in_use_gauge: metrics::jobs_in_use(app),
             waiters_gauge: metrics::job_waiters(app),
             app: app.into(),
@@ -377,9 +381,10 @@ impl JobQueue {
 
     #[inline]
     fn taken_n(&self, n: usize) {
-        let in_use = self.in_use.fetch_add(n, Ordering::AcqRel) + n;
+        let word = self.in_use.fetch_add(n, Ordering::AcqRel) + n;
+        let in_use = word & !PAUSED;
         self.in_use_gauge.set(in_use as f64);
-        if !self.paused.load(Ordering::Acquire) && in_use >= self.thresholds.pause {
+        if word & PAUSED == 0 && in_use >= self.thresholds.pause {
             self.recompute();
         }
     }
@@ -391,7 +396,8 @@ impl JobQueue {
 
     #[inline]
     fn release_n(&self, n: usize) {
-        let in_use = self.in_use.fetch_sub(n, Ordering::AcqRel) - n;
+        let word = self.in_use.fetch_sub(n, Ordering::AcqRel) - n;
+        let in_use = word & !PAUSED;
         if self.waiters.load(Ordering::SeqCst) == 0 {
             // No one waits: keep them spare, lock-free.
             self.spare.fetch_add(n, Ordering::SeqCst);
@@ -406,7 +412,7 @@ impl JobQueue {
             self.permits.add_permits(n);
         }
         self.in_use_gauge.set(in_use as f64);
-        if self.paused.load(Ordering::Acquire) && in_use <= self.thresholds.resume {
+        if word & PAUSED != 0 && in_use <= self.thresholds.resume {
             self.recompute();
         }
     }
@@ -423,37 +429,66 @@ impl JobQueue {
 
     /// Recomputes the state from the current count; applies a change to every
     /// registered source outside the lock.
+    ///
+    /// A take or release reads the [`PAUSED`] bit in the same atomic step
+    /// that changes the count, and leaves the state to this function only
+    /// when that bit and its count disagree. The bit is set or cleared by a
+    /// compare-and-swap that succeeds only on the very count the decision
+    /// was made from: a take or release that comes first makes it fail and
+    /// decide again, one that comes after sees the new bit. A transition
+    /// is never lost (JQ-16) — an earlier version read the count and stored
+    /// the bit in two steps, and a release between them left the state
+    /// PAUSED with nothing in use.
     fn recompute(&self) {
-        let (epoch, state, sources) = {
-            let mut t = self.tracker();
-            let in_use = self.in_use.load(Ordering::Acquire);
-            let next = self.thresholds.next(t.state, in_use);
-            if next == t.state {
-                return;
-            }
-            t.state = next;
-            t.epoch += 1;
-            let now = Instant::now();
-            match next {
-                PressureState::Paused => {
-                    t.pause_count += 1;
-                    t.paused_since = Some(now);
-                }
-                PressureState::Running => {
-                    if let Some(since) = t.paused_since.take() {
-                        t.paused_total += now - since;
-                    }
-                    metrics::paused_seconds(&self.app, t.paused_total);
-                }
-            }
-            self.paused
-                .store(next == PressureState::Paused, Ordering::Release);
-            (t.epoch, next, t.sources.clone())
+        let Some((epoch, state, sources)) = self.transition() else {
+            return;
         };
         metrics::pressure_transition(&self.app, state == PressureState::Paused);
         for source in sources {
             source.apply(epoch, state);
         }
+    }
+
+    /// The next state under the lock, if the count calls for a change:
+    /// its epoch and the sources to apply it to.
+    fn transition(&self) -> Option<(u64, PressureState, Vec<Arc<Source>>)> {
+        let mut t = self.tracker();
+        let mut word = self.in_use.load(Ordering::Acquire);
+        let next = loop {
+            let next = self.thresholds.next(t.state, word & !PAUSED);
+            if next == t.state {
+                return None;
+            }
+            let flagged = match next {
+                PressureState::Paused => word | PAUSED,
+                PressureState::Running => word & !PAUSED,
+            };
+            match self.in_use.compare_exchange_weak(
+                word,
+                flagged,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break next,
+                Err(now) => word = now,
+            }
+        };
+        t.state = next;
+        t.epoch += 1;
+        let now = Instant::now();
+        match next {
+            PressureState::Paused => {
+                t.pause_count += 1;
+                t.paused_since = Some(now);
+            }
+            PressureState::Running => {
+                if let Some(since) = t.paused_since.take() {
+                    t.paused_total += now - since;
+                }
+                metrics::paused_seconds(&self.app, t.paused_total);
+            }
+        }
+        Some((t.epoch, next, t.sources.clone()))
     }
 
     /// Registers a source's receive-flow switch. It gets the current state
@@ -491,7 +526,7 @@ impl JobQueue {
         let current_pause = t.paused_since.map_or(Duration::ZERO, |s| s.elapsed());
         Pressure {
             state: t.state,
-            in_use: self.in_use.load(Ordering::Acquire),
+            in_use: self.in_use.load(Ordering::Acquire) & !PAUSED,
             max: self.max,
             waiters: self.waiters(),
             pause_count: t.pause_count,

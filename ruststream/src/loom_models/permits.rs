@@ -8,7 +8,7 @@ use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::thread;
 
 use super::check;
-use crate::ingress::{JobQueue, JobQueueSettings};
+use crate::ingress::{JobQueue, JobQueueSettings, PressureState};
 
 fn queue(max: usize) -> Arc<JobQueue> {
     JobQueue::new(&JobQueueSettings::default().max_queued_jobs(max)).unwrap()
@@ -80,5 +80,63 @@ fn concurrent_takes_and_releases_keep_the_count() {
         other.join().unwrap();
         assert_eq!(jobs.pressure().in_use, 0);
         assert!(jobs.try_acquire().is_some());
+    });
+}
+
+/// A take that crosses the pause threshold races a release that falls to
+/// the resume one (JQ-14, JQ-16): whichever way they interleave, the state
+/// after both matches the count. Found stuck PAUSED with 1 in use (resume
+/// 1) when the release looked at the paused flag before the take's
+/// recompute stored it.
+#[test]
+fn a_release_racing_a_pause_never_leaves_the_state_paused() {
+    check(|| {
+        // M = 4, P = 50 %: pause at 2; R = 25 %: resume at 1.
+        let settings = JobQueueSettings::default()
+            .max_queued_jobs(4)
+            .pause_resume(50, 25);
+        let jobs = JobQueue::new(&settings).unwrap();
+        let held = jobs.try_acquire().expect("free");
+        let taker = {
+            let jobs = Arc::clone(&jobs);
+            thread::spawn(move || jobs.try_acquire().expect("free"))
+        };
+        drop(held);
+        let kept = taker.join().unwrap();
+        let pressure = jobs.pressure();
+        assert_eq!(pressure.in_use, 1);
+        assert_eq!(
+            pressure.state,
+            PressureState::Running,
+            "1 in use, resume at 1"
+        );
+        drop(kept);
+    });
+}
+
+/// The mirror case: a release that falls to the resume threshold races a
+/// take that crosses the pause one from a PAUSED state; after both the
+/// state matches the count (PAUSED at 2 in use).
+#[test]
+fn a_take_racing_a_resume_never_leaves_the_state_running() {
+    check(|| {
+        let settings = JobQueueSettings::default()
+            .max_queued_jobs(4)
+            .pause_resume(50, 25);
+        let jobs = JobQueue::new(&settings).unwrap();
+        let first = jobs.try_acquire().expect("free");
+        let second = jobs.try_acquire().expect("free");
+        assert_eq!(jobs.pressure().state, PressureState::Paused);
+        let releaser = thread::spawn(move || drop(second));
+        let third = jobs.try_acquire().expect("free");
+        releaser.join().unwrap();
+        let pressure = jobs.pressure();
+        assert_eq!(pressure.in_use, 2);
+        assert_eq!(
+            pressure.state,
+            PressureState::Paused,
+            "2 in use, pause at 2"
+        );
+        drop((first, third));
     });
 }
