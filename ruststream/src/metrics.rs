@@ -11,7 +11,7 @@
 //! | `ruststream_rejected_total` | counter | `app`, `subject` | deliveries rejected (dead-lettered or dropped) |
 //! | `ruststream_attempts_exhausted_total` | counter | `app`, `subject` | deliveries past `max_attempts` that no earlier run settled (a crash loop), dead-lettered before the handler |
 //! | `ruststream_unreadable_headers_total` | counter | `binding` | received headers (or fields) whose name or value is not valid UTF-8, dropped from the message; the message itself is handled |
-//! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes and requests that failed with `DeadlineExceeded` |
+//! | `ruststream_deadline_exceeded_total` | counter | `binding` | publishes and requests that failed with `DeadlineExceeded`, and fan-out copies a full subscription missed |
 //! | `ruststream_settle_errors_total` | counter | `app`, `subject` | ack/nack/reject calls the broker refused |
 //! | `ruststream_retry_lost_total` | counter | `app`, `subject` | `retry_after` republishes the broker refused |
 //! | `ruststream_pressure_transitions_total` | counter | `app`, `to` | RUNNING/PAUSED transitions of the job queue |

@@ -165,6 +165,89 @@ async fn jq19_a_request_does_not_wait_for_queue_space() {
     assert_eq!(queued, [0, 1], "the full queue took nothing more");
 }
 
+#[tokio::test]
+async fn jq19_a_full_subscription_neither_holds_up_nor_fails_a_fan_out_publish() {
+    let server = MemoryBroker::builder()
+        .hwm(CoreHwm::default().budget_bytes(frame(1)))
+        .build();
+    let mut slow = server
+        .subscribe(SubscribeOptions::new("f19"))
+        .await
+        .unwrap();
+    server
+        .publish_message("f19", Message::new("0"), None)
+        .await
+        .unwrap();
+    // Subscribed after the first message: only `slow` is full.
+    let mut quick = server
+        .subscribe(SubscribeOptions::new("f19"))
+        .await
+        .unwrap();
+    let publish = |text: &'static str, deadline: Instant| {
+        let server = server.clone();
+        tokio::spawn(async move {
+            server
+                .publish_message("f19", Message::new(text), Some(deadline))
+                .await
+        })
+    };
+
+    // `quick` gets the message while the publish still waits for `slow`.
+    let waiting = publish("1", Instant::now() + Duration::from_secs(60));
+    let first = within(5, "the copy for the queue with room", quick.next())
+        .await
+        .unwrap();
+    assert_eq!(first.envelope().payload(), "1".as_bytes());
+    first.ack().await.unwrap();
+    assert!(!waiting.is_finished(), "it still waits for the full queue");
+    // `slow` makes room: its copy goes in, once, and the publish succeeds.
+    let head = within(5, "slow's first message", slow.next())
+        .await
+        .unwrap();
+    head.ack().await.unwrap();
+    within(5, "the waiting publish", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let late = within(5, "slow's copy", slow.next()).await.unwrap();
+    assert_eq!(late.envelope().payload(), "1".as_bytes());
+
+    // `slow` stays full past the deadline: `quick` has the message, so the
+    // publish succeeded; `slow` misses it (observed, not the result).
+    server
+        .publish_message("f19", Message::new("2"), None)
+        .await
+        .unwrap();
+    late.ack().await.unwrap();
+    let copy = within(5, "quick's copy of 2", quick.next()).await.unwrap();
+    copy.ack().await.unwrap();
+    let result = within(5, "the publish", publish("3", soon()))
+        .await
+        .unwrap();
+    assert!(result.is_ok(), "quick took it: {result:?}");
+    let got = within(5, "quick's copy of 3", quick.next()).await.unwrap();
+    assert_eq!(got.envelope().payload(), "3".as_bytes());
+    got.ack().await.unwrap();
+    let head = within(5, "slow's head", slow.next()).await.unwrap();
+    assert_eq!(head.envelope().payload(), "2".as_bytes());
+    head.ack().await.unwrap();
+    assert!(slow.try_next().is_none(), "slow missed 3");
+
+    // No queue takes it: the publish fails.
+    drop(quick);
+    server
+        .publish_message("f19", Message::new("4"), None)
+        .await
+        .unwrap();
+    let result = within(5, "the publish", publish("5", soon()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(result, Err(Error::DeadlineExceeded(_))),
+        "{result:?}"
+    );
+}
+
 // ---------------------------------------------------------------- item 14
 
 static S14_GATE: Gate = Gate::new();

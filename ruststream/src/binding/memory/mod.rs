@@ -9,7 +9,8 @@
 //!   its deadline, then fails with [`Error::DeadlineExceeded`]. Waiter
 //!   slots are bounded; nothing is dropped to make room, nothing polls. A
 //!   request does not wait (JQ-19): a full queue refuses it at once with
-//!   the same error.
+//!   the same error. With several subscriptions, a full queue never holds
+//!   up the others, and a publish that any queue took succeeds.
 //! * Each queue keeps one lane per publishing connection, with its own HWM
 //!   budget, read in fair rounds: a flooding connection never starves
 //!   the others ([`MemoryBroker::connect`], [`ReceiveRound`]).

@@ -222,7 +222,7 @@ impl Future for Publish<'_, '_> {
                         // JQ-19: a request does not wait for space.
                         Err(Stalled::Full(refused)) if this.request => {
                             this.state = PublishState::Done;
-                            return Poll::Ready(refused.offer_rest());
+                            return Poll::Ready(refused.refuse_request());
                         }
                         Err(Stalled::Full(waiting)) => {
                             let deadline = *deadline;
@@ -274,32 +274,45 @@ struct Waiting {
 }
 
 impl Waiting {
-    /// A request `targets[at]` refused: it does not wait for space (JQ-19)
-    /// but is offered once to each target after it. It stands if any target
-    /// took it (a reply may come from there); when none did it fails at
-    /// once, and its caller decides what to do.
-    fn offer_rest(self) -> Result<()> {
+    /// Offers the message once to every target after `at`, none waiting
+    /// (a queue closed since the route was read is passed over, as a
+    /// publish racing an unsubscribe does): whether any target has taken
+    /// it, and the frames refused for want of space with their queues'
+    /// places (the one at `at` first).
+    fn offer_rest(self) -> (Targets, bool, Vec<(usize, Envelope)>) {
         let queues = self.targets.queues();
         let mut taken = self.at > 0;
+        let mut refused = vec![(self.at, self.env)];
         let mut from = self.at + 1;
         let mut rest = self.rest;
         while let Some(message) = rest.take() {
-            // A queue closed since the route was read is passed over, as a
-            // publish racing an unsubscribe does.
             match push_now(self.peer, &queues[from..], &self.subject, message, true) {
                 Ok(()) => taken = true,
                 Err(PushStall::Closed) => unreachable!("closed queues are passed over"),
                 Err(PushStall::Full {
-                    at, rest: after, ..
+                    at,
+                    env,
+                    rest: after,
                 }) => {
                     taken |= at > 0;
+                    refused.push((from + at, env));
                     from += at + 1;
                     rest = after;
                 }
             }
         }
+        (self.targets, taken, refused)
+    }
+
+    /// A request that a full or paused queue refused: it does not wait for
+    /// space (JQ-19). It stands if any target took it (a reply may come
+    /// from there); when none did it fails at once, and its caller decides
+    /// what to do.
+    fn refuse_request(self) -> Result<()> {
+        let subject = self.subject.clone();
+        let (_, taken, _) = self.offer_rest();
         if taken {
-            tracing::debug!(subject = %self.subject, "a full or paused queue did not take the request; others did");
+            tracing::debug!(%subject, "a full or paused queue did not take the request; others did");
             return Ok(());
         }
         crate::metrics::deadline_exceeded("memory");
@@ -308,25 +321,35 @@ impl Waiting {
         ))
     }
 
-    /// wait for space until the deadline, submit once, then publish to
-    /// the remaining queues as usual.
+    /// The three stages for the queues that refused: every target has had
+    /// its offer first (a full subscription never holds up the others),
+    /// then each full one is waited for until the shared deadline and
+    /// offered once more. Each subscription is independent, as on NATS: the
+    /// publish succeeds once any queue took it, and a queue that stayed
+    /// full misses this message, which is observed (a warning, the
+    /// `deadline_exceeded` metric), not the publish's result (JQ-19). It
+    /// fails only when no queue took it.
     async fn wait(self, deadline: Deadline) -> Result<()> {
-        let queues = self.targets.queues();
-        queues[self.at]
-            .wait_push(self.peer, self.env, || deadline.resolve())
-            .await?;
-        match self.rest {
-            Some(message) => {
-                fan_out(
-                    self.peer,
-                    &queues[self.at + 1..],
-                    &self.subject,
-                    message,
-                    deadline,
-                )
-                .await
+        let (peer, subject) = (self.peer, self.subject.clone());
+        let (targets, mut taken, refused) = self.offer_rest();
+        let queues = targets.queues();
+        let deadline = deadline.resolve();
+        let mut failed = None;
+        for (at, env) in refused {
+            match queues[at].wait_push(peer, env, deadline).await {
+                Ok(()) => taken = true,
+                Err(err) => {
+                    failed.get_or_insert(err);
+                }
             }
+        }
+        match failed {
             None => Ok(()),
+            Some(err) if taken => {
+                tracing::warn!(%subject, error = %err, "a subscription's queue stayed full: it misses this message, the others have it");
+                Ok(())
+            }
+            Some(err) => Err(err),
         }
     }
 }
@@ -397,32 +420,4 @@ fn push_now(
             rest: None,
         }),
     }
-}
-
-/// One publish to every target queue. Each queue is independent, as
-/// subscriptions are on NATS: a queue that stays full until the deadline fails
-/// the publish, and queues that already admitted the message keep it.
-async fn fan_out(
-    peer: u64,
-    queues: &[Arc<Queue>],
-    subject: &Text,
-    message: Message,
-    deadline: Deadline,
-) -> Result<()> {
-    let Some((last, rest)) = queues.split_last() else {
-        return Ok(());
-    };
-    for queue in rest {
-        queue
-            .push(
-                peer,
-                Envelope::new(subject.clone(), message.clone()),
-                || deadline.resolve(),
-            )
-            .await?;
-    }
-    last.push(peer, Envelope::new(subject.clone(), message), || {
-        deadline.resolve()
-    })
-    .await
 }

@@ -172,40 +172,18 @@ impl Queue {
         }
     }
 
-    /// Admits `env`, waiting for space until `deadline` (refused →
-    /// wait → submit once → `DeadlineExceeded`). Waiter slots are bounded; when
-    /// they are all taken the call fails at once. Nothing is dropped to make
-    /// room and nothing polls: waiters sleep until a consumer frees bytes or
-    /// the remote pause lifts.
-    ///
-    /// `deadline` is computed only if the publish has to wait, so the fast path
-    /// never reads the clock.
-    pub(crate) async fn push(
-        &self,
-        peer: u64,
-        env: Envelope,
-        deadline: impl FnOnce() -> Instant,
-    ) -> Result<()> {
-        tokio::task::coop::consume_budget().await;
-        match self.try_push(peer, env) {
-            Ok(()) => Ok(()),
-            Err(Refused::Closed) => Err(super::queue_closed()),
-            // Out of line and boxed: the waiting state (waiter slot, space
-            // notification, timer) never inflates the futures of the publish
-            // path that does not wait.
-            Err(Refused::Full(env)) => Box::pin(self.wait_push(peer, env, deadline)).await,
-        }
-    }
-
-    /// The waiting half of [`push`](Self::push), for a frame `try_push` just
-    /// refused as full.
+    /// Admits `env`, which [`try_push`](Self::try_push) just refused as
+    /// full, waiting for space until `deadline` (refused → wait → submit
+    /// once → `DeadlineExceeded`). Waiter slots are bounded; when they are
+    /// all taken the call fails at once. Nothing is dropped to make room and
+    /// nothing polls: waiters sleep until a consumer frees bytes or the
+    /// remote pause lifts.
     pub(crate) async fn wait_push(
         &self,
         peer: u64,
         mut env: Envelope,
-        deadline: impl FnOnce() -> Instant,
+        deadline: Instant,
     ) -> Result<()> {
-        let deadline = deadline();
         let Some(_slot) = self.shared.waiter_slot() else {
             crate::metrics::deadline_exceeded("memory");
             return Err(Error::DeadlineExceeded(
