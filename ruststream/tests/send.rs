@@ -248,6 +248,59 @@ async fn jq19_a_full_subscription_neither_holds_up_nor_fails_a_fan_out_publish()
     );
 }
 
+#[tokio::test]
+async fn jq18_a_waiting_publish_ends_when_its_connection_closes() {
+    // One waiter slot: a probe that finds it taken shows the publish waits.
+    let server = MemoryBroker::builder()
+        .hwm(CoreHwm::default().budget_bytes(frame(1)))
+        .max_publish_waiters(1)
+        .build();
+    let mut sub = server
+        .subscribe(SubscribeOptions::new("c18"))
+        .await
+        .unwrap();
+    // The budget is per publishing connection: the client fills its own.
+    let client = server.connect();
+    client
+        .publish_message("c18", Message::new("0"), None)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            client
+                .publish_message("c18", Message::new("1"), Some(deadline))
+                .await
+        }
+    });
+    // The current-thread runtime runs the publish until it waits.
+    tokio::task::yield_now().await;
+    let probe = client
+        .publish_message("c18", Message::new("probe"), Some(Instant::now()))
+        .await;
+    assert!(
+        matches!(probe, Err(Error::DeadlineExceeded(why)) if why.contains("waiter slot")),
+        "the publish waits, holding the only waiter slot: {probe:?}"
+    );
+    assert!(!waiting.is_finished());
+    client.close().await.unwrap();
+    let result = within(5, "the waiting publish ends", waiting)
+        .await
+        .unwrap();
+    assert!(matches!(result, Err(Error::Closed(_))), "{result:?}");
+    // Room now: nothing of the closed connection comes in after its close.
+    let first = within(5, "the queued frame", sub.next()).await.unwrap();
+    assert_eq!(first.envelope().payload(), "0".as_bytes());
+    first.ack().await.unwrap();
+    server
+        .publish_message("c18", Message::new("2"), None)
+        .await
+        .unwrap();
+    let next = within(5, "the next frame", sub.next()).await.unwrap();
+    assert_eq!(next.envelope().payload(), "2".as_bytes());
+}
+
 // ---------------------------------------------------------------- item 14
 
 static S14_GATE: Gate = Gate::new();

@@ -85,6 +85,8 @@ impl Broker for MemoryBroker {
             for queue in self.inner.registry_read().queues() {
                 queue.wake_readers();
             }
+            // Its waiting publishes look at it too, and end.
+            self.inner.shared.space.notify_waiters();
         }
         Ok(())
     }

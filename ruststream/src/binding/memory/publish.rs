@@ -31,7 +31,7 @@ impl Inner {
     #[inline]
     pub(crate) fn publish<'a, 's>(
         &'a self,
-        conn: Option<&'a Connection>,
+        conn: Option<&'a Arc<Connection>>,
         subject: &'s str,
         message: Message,
         deadline: Deadline,
@@ -141,12 +141,12 @@ impl Publish<'_, '_> {
 }
 
 enum PublishState<'a, 's> {
-    /// Not admitted yet; `conn` is `None` once checked, `message` once
-    /// handed on (the publish is then finished or waiting).
+    /// Not admitted yet; `message` is `None` once handed on (the publish
+    /// is then finished or waiting).
     Start {
         /// The publishing connection's id, kept across polls.
         peer: u64,
-        conn: Option<&'a Connection>,
+        conn: Option<&'a Arc<Connection>>,
         subject: &'s str,
         message: Option<Message>,
         deadline: Deadline,
@@ -170,10 +170,8 @@ impl Future for Publish<'_, '_> {
                 message,
                 deadline,
             } => {
-                let (peer, subject) = (*peer, *subject);
-                if let Some(conn) = conn.take()
-                    && conn.is_closed()
-                {
+                let (peer, conn, subject) = (*peer, *conn, *subject);
+                if conn.is_some_and(|conn| conn.is_closed()) {
                     this.state = PublishState::Done;
                     return Poll::Ready(Err(connection_closed()));
                 }
@@ -205,8 +203,9 @@ impl Future for Publish<'_, '_> {
                                 Stalled::Failed(err) => return Poll::Ready(Err(err)),
                                 Stalled::Full(waiting) => {
                                     let deadline = *deadline;
-                                    this.state =
-                                        PublishState::Waiting(Box::pin(waiting.wait(deadline)));
+                                    this.state = PublishState::Waiting(Box::pin(
+                                        waiting.wait(deadline, conn.cloned()),
+                                    ));
                                 }
                             }
                         }
@@ -226,7 +225,9 @@ impl Future for Publish<'_, '_> {
                         }
                         Err(Stalled::Full(waiting)) => {
                             let deadline = *deadline;
-                            this.state = PublishState::Waiting(Box::pin(waiting.wait(deadline)));
+                            this.state = PublishState::Waiting(Box::pin(
+                                waiting.wait(deadline, conn.cloned()),
+                            ));
                         }
                     }
                 }
@@ -328,15 +329,19 @@ impl Waiting {
     /// publish succeeds once any queue took it, and a queue that stayed
     /// full misses this message, which is observed (a warning, the
     /// `deadline_exceeded` metric), not the publish's result (JQ-19). It
-    /// fails only when no queue took it.
-    async fn wait(self, deadline: Deadline) -> Result<()> {
+    /// fails only when no queue took it. The publishing connection closing
+    /// ends every wait (first terminal wins).
+    async fn wait(self, deadline: Deadline, conn: Option<Arc<Connection>>) -> Result<()> {
         let (peer, subject) = (self.peer, self.subject.clone());
         let (targets, mut taken, refused) = self.offer_rest();
         let queues = targets.queues();
         let deadline = deadline.resolve();
         let mut failed = None;
         for (at, env) in refused {
-            match queues[at].wait_push(peer, env, deadline).await {
+            match queues[at]
+                .wait_push(peer, conn.as_deref(), env, deadline)
+                .await
+            {
                 Ok(()) => taken = true,
                 Err(err) => {
                     failed.get_or_insert(err);

@@ -177,10 +177,12 @@ impl Queue {
     /// once → `DeadlineExceeded`). Waiter slots are bounded; when they are
     /// all taken the call fails at once. Nothing is dropped to make room and
     /// nothing polls: waiters sleep until a consumer frees bytes or the
-    /// remote pause lifts.
+    /// remote pause lifts. The publishing connection `conn` closing ends the
+    /// wait with `Closed`, the message not admitted.
     pub(crate) async fn wait_push(
         &self,
         peer: u64,
+        conn: Option<&Connection>,
         mut env: Envelope,
         deadline: Instant,
     ) -> Result<()> {
@@ -193,6 +195,9 @@ impl Queue {
         loop {
             let mut space = pin!(self.shared.space.notified());
             space.as_mut().enable();
+            if conn.is_some_and(Connection::is_closed) {
+                return Err(super::connection_closed());
+            }
             env = match self.try_push(peer, env) {
                 Ok(()) => return Ok(()),
                 Err(Refused::Closed) => return Err(super::queue_closed()),
@@ -201,6 +206,9 @@ impl Queue {
             if tokio::time::timeout_at(deadline, space).await.is_err() {
                 // Space below the low-water mark wakes waiters; space above
                 // it may have come since without a wake-up: one last look.
+                if conn.is_some_and(Connection::is_closed) {
+                    return Err(super::connection_closed());
+                }
                 match self.try_push(peer, env) {
                     Ok(()) => return Ok(()),
                     Err(Refused::Closed) => return Err(super::queue_closed()),
