@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{Gate, queue, until, within};
 use ruststream::binding::memory::{CoreHwm, CoreHwmProfile};
 use ruststream::binding::reply_result;
-use ruststream::ingress::{JobQueueProfile, JobQueueSettings, PressureState};
+use ruststream::ingress::{JobQueue, JobQueueProfile, JobQueueSettings, PressureState};
 use ruststream::prelude::*;
 use ruststream::{Error, SubscribeOptions};
 use tokio::sync::Notify;
@@ -328,4 +328,46 @@ async fn jq24_21_no_retained_receive_and_no_hidden_resend() {
     assert_eq!(seen, expected, "each admitted record once, in order");
     assert!(!seen.contains(&refused));
     assert_eq!(app.pressure().in_use, 0);
+}
+
+/// JQ-17: a request/reply source that subscribes while the job queue is
+/// PAUSED joins paused — no publish gets in before the job queue registers
+/// its switch — and resumes with everyone else. (The app subscribes its
+/// sources this way: `start_paused` from the current state, then register.)
+#[tokio::test]
+async fn jq17_a_source_joining_a_paused_job_queue_is_never_live_before_it_gets_the_state() {
+    let broker = MemoryBroker::new();
+    // Pause at ceil(2 × 0.8) = 2 permits in use, resume at floor(2 × 0.6) = 1.
+    let jobs = JobQueue::new(&JobQueueSettings::default().max_queued_jobs(2)).unwrap();
+    let held = [jobs.try_acquire().unwrap(), jobs.try_acquire().unwrap()];
+    assert_eq!(jobs.pressure().state, PressureState::Paused);
+
+    let paused = jobs.pressure().state == PressureState::Paused;
+    let options = SubscribeOptions::new("p17")
+        .queue_group("svc")
+        .receive_flow(true)
+        .start_paused(paused);
+    let source = broker.subscribe(options).await.unwrap();
+    assert!(queue(&broker, "p17").receive_paused, "paused as it joins");
+    let early = broker
+        .publish_message("p17", Message::new("early"), soon())
+        .await;
+    assert!(
+        matches!(early, Err(Error::DeadlineExceeded(_))),
+        "{early:?}"
+    );
+    assert_eq!(queue(&broker, "p17").queued, 0);
+
+    let _registration = jobs.register(source.receive_flow().expect("a switch"));
+    assert!(queue(&broker, "p17").receive_paused, "still paused");
+    drop(held);
+    assert_eq!(jobs.pressure().state, PressureState::Running);
+    assert!(
+        !queue(&broker, "p17").receive_paused,
+        "resumed with the job queue"
+    );
+    broker
+        .publish_message("p17", Message::new("after"), soon())
+        .await
+        .expect("resumed");
 }

@@ -14,6 +14,7 @@ use crate::exec;
 use tokio_util::sync::CancellationToken;
 
 use crate::host::{AppHandle, Stop};
+use crate::ingress::PressureState;
 use crate::ingress::SourceRegistration;
 use crate::middleware::{HandlerService, SharedMiddleware};
 use crate::pipeline::{Unit, stack};
@@ -85,7 +86,13 @@ async fn open<B: Broker, S: Subscriber>(
     config: SubscriberConfig,
     cx: StartContext,
 ) -> Result<Opened<B, S>> {
-    let mut subscription = broker.subscribe(config.subscribe_options()).await?;
+    // JQ-17: a request/reply source joins in the current pressure state;
+    // registering its switch below applies the state again, in case it
+    // changed since.
+    let mut options = config.subscribe_options();
+    options.start_paused =
+        options.receive_flow && cx.app.jobs().pressure().state == PressureState::Paused;
+    let mut subscription = broker.subscribe(options).await?;
     subscription.use_job_queue(cx.app.jobs());
     let registration = subscription
         .receive_flow()

@@ -58,6 +58,12 @@ pub struct SubscribeOptions {
     /// the job queue's pressure state may pause. Plain pub/sub
     /// fan-out never is.
     pub receive_flow: bool,
+    /// The receive flow starts paused: the job queue's pressure state when
+    /// the source subscribes, so a source that joins a PAUSED app is never
+    /// live before it gets that state (JQ-17). A binding whose switch can
+    /// be set before the source takes anything honours it; the job queue
+    /// applies the current state again when it registers the switch.
+    pub start_paused: bool,
     /// Deliveries of one message after which a broker that counts them
     /// gives up on it (RabbitMQ quorum queues' delivery limit; JetStream's
     /// `max_deliver`, set one higher so the runtime sees the last delivery
@@ -76,6 +82,7 @@ impl SubscribeOptions {
             queue_group: None,
             dead_letter: None,
             receive_flow: false,
+            start_paused: false,
             max_deliveries: None,
         }
     }
@@ -97,6 +104,12 @@ impl SubscribeOptions {
     /// queue's pressure state.
     pub fn receive_flow(mut self, on: bool) -> Self {
         self.receive_flow = on;
+        self
+    }
+
+    /// Sets [`start_paused`](Self::start_paused).
+    pub fn start_paused(mut self, paused: bool) -> Self {
+        self.start_paused = paused;
         self
     }
 

@@ -313,6 +313,7 @@ impl SubscriberConfig {
             queue_group: self.queue_group.clone(),
             dead_letter: self.dead_letter.clone(),
             receive_flow: self.pausable(),
+            start_paused: false,
             max_deliveries: Some(self.max_attempts),
         }
     }

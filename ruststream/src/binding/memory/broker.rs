@@ -47,10 +47,12 @@ impl Broker for MemoryBroker {
                 queue
             }
         };
-        queue.join();
+        // A member that starts paused joins paused, in one step (JQ-17).
+        let paused = options.receive_flow && options.start_paused;
+        queue.join(paused);
         let flow = options
             .receive_flow
-            .then(|| Arc::new(MemberFlow::new(Arc::clone(&queue))));
+            .then(|| Arc::new(MemberFlow::new(Arc::clone(&queue), paused)));
         Ok(MemorySubscription {
             flow,
             queue,

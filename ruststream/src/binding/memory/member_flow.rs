@@ -17,10 +17,11 @@ pub(crate) struct MemberFlow {
 }
 
 impl MemberFlow {
-    pub(crate) fn new(queue: Arc<Queue>) -> Self {
+    /// The switch of a member that joined `paused` or not.
+    pub(crate) fn new(queue: Arc<Queue>, paused: bool) -> Self {
         MemberFlow {
             queue,
-            state: Mutex::new((false, false)),
+            state: Mutex::new((paused, false)),
         }
     }
 

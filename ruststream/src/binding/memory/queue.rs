@@ -390,8 +390,13 @@ impl Queue {
         self.shared.release(len, lane_drained);
     }
 
-    pub(crate) fn join(&self) {
+    /// One member more; `paused`: its receive flow is paused from the
+    /// start (counted with it under the queue's lock, so no publish sees
+    /// the member without its pause).
+    pub(crate) fn join(&self, paused: bool) {
+        let mut state = self.lock();
         self.members.fetch_add(1, Ordering::AcqRel);
+        state.paused_members += usize::from(paused);
     }
 
     /// Returns true when the last member left.
