@@ -39,7 +39,8 @@ impl CoreHwmProfile {
 }
 
 /// Core HWM settings: `CoreHwmProfile`, `CoreHwmBudgetBytes` (bytes one
-/// receive queue may own) and `CoreHwmMemoryLimitBytes` (bytes all receive
+/// receive queue may own from one publishing connection: each has its own
+/// lane) and `CoreHwmMemoryLimitBytes` (bytes all receive
 /// queues of one broker may own together). Overrides win over the profile.
 ///
 /// ```
@@ -67,7 +68,8 @@ impl CoreHwm {
         }
     }
 
-    /// Overrides the bytes one receive queue may own (`CoreHwmBudgetBytes`).
+    /// Overrides the bytes one receive queue may own from one publishing
+    /// connection (`CoreHwmBudgetBytes`).
     pub const fn budget_bytes(mut self, bytes: usize) -> Self {
         self.budget_bytes = Some(bytes);
         self
