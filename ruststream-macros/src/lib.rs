@@ -32,8 +32,8 @@ pub fn app(args: TokenStream, item: TokenStream) -> TokenStream {
 /// max_attempts = 3, codec = path::To::Codec, fail_fast, receive_flow = bool,
 /// max_message_size = bytes)]`,
 /// plus an execution mode: `workers(n)`, `workers(n, by_key)`,
-/// `workers(n, by_key = key_fn)` (with `max_pending = n` and
-/// `max_pending_per_key = n`), `threads(n)`, `threads(n, by_key)`. Each argument
+/// `workers(n, by_key = key_fn)` (with `max_pending = n`,
+/// `max_pending_per_key = n` and `max_pending_bytes_per_key = bytes`), `threads(n)`, `threads(n, by_key)`. Each argument
 /// maps to the `SubscriberConfig` method of the same name. The function keeps its name
 /// and stays directly callable and awaitable; a companion type of the same
 /// name carries the configuration for `App::subscriber`.

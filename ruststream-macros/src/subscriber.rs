@@ -28,6 +28,7 @@ const VALID: &[&str] = &[
     "threads",
     "max_pending",
     "max_pending_per_key",
+    "max_pending_bytes_per_key",
     "fail_fast",
     "receive_flow",
     "max_message_size",
@@ -76,6 +77,7 @@ struct Options {
     threads: Option<Pool>,
     max_pending: Option<syn::Expr>,
     max_pending_per_key: Option<syn::Expr>,
+    max_pending_bytes_per_key: Option<syn::Expr>,
     fail_fast: bool,
     receive_flow: Option<syn::Expr>,
     max_message_size: Option<syn::Expr>,
@@ -206,6 +208,10 @@ fn parse_options(metas: &[NestedMeta], options: &mut Options, errors: &mut Error
     for (name, limit) in [
         ("max_pending", &options.max_pending),
         ("max_pending_per_key", &options.max_pending_per_key),
+        (
+            "max_pending_bytes_per_key",
+            &options.max_pending_bytes_per_key,
+        ),
     ] {
         if let Some(n) = limit
             && !by_key_workers
@@ -240,6 +246,9 @@ fn parse_option(key: &str, meta: &syn::Meta, options: &mut Options) -> darling::
         "max_attempts" => options.max_attempts = Some(value(Kind::Count, "5")?),
         "max_pending" => options.max_pending = Some(value(Kind::Count, "64")?),
         "max_pending_per_key" => options.max_pending_per_key = Some(value(Kind::Count, "8")?),
+        "max_pending_bytes_per_key" => {
+            options.max_pending_bytes_per_key = Some(value(Kind::Count, "1048576")?)
+        }
         "max_message_size" => options.max_message_size = Some(value(Kind::Count, "65536")?),
         "receive_flow" => options.receive_flow = Some(value(Kind::Bool, "false")?),
         "codec" => {
@@ -590,6 +599,10 @@ fn config(args: &Args) -> TokenStream {
         ("max_attempts", &options.max_attempts),
         ("max_pending", &options.max_pending),
         ("max_pending_per_key", &options.max_pending_per_key),
+        (
+            "max_pending_bytes_per_key",
+            &options.max_pending_bytes_per_key,
+        ),
         ("max_message_size", &options.max_message_size),
         ("receive_flow", &options.receive_flow),
     ] {

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{Gate, counter, install_metrics, observe, queue, until, within};
@@ -99,4 +100,61 @@ async fn jq24_16_structural_reject_and_shared_cap_wait_are_distinguishable() {
     let app = running.handle().clone();
     running.shutdown().await.unwrap();
     assert_eq!(app.pressure().in_use, 0, "no permit leaked");
+}
+
+static B16_GATE: Gate = Gate::new();
+static B16_STARTED: AtomicU32 = AtomicU32::new(0);
+
+#[subscriber("b16.in", workers(2, by_key), max_pending_bytes_per_key = 2048)]
+async fn b16_keyed(_b: Bytes) -> String {
+    B16_STARTED.fetch_add(1, Ordering::SeqCst);
+    B16_GATE.pass().await;
+    "done".to_owned()
+}
+
+fn b16_request(
+    broker: &MemoryBroker,
+    key: &str,
+    bytes: usize,
+) -> impl Future<Output = ruststream::Result<Envelope>> + use<> {
+    let broker = broker.clone();
+    let message = Message::new(vec![b'x'; bytes]).with_key(key.to_owned());
+    async move {
+        broker
+            .request_message("b16.in", message, Duration::from_secs(10))
+            .await
+            .and_then(reply_result)
+    }
+}
+
+/// JQ-21: an owner FIFO is bounded by bytes as well as by count. A request
+/// that would take its key past `max_pending_bytes_per_key` is refused at
+/// once; a smaller one for the same key, and other keys, still get in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_at_its_byte_limit_refuses_a_request_and_takes_what_fits() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(b16_keyed)
+        .start()
+        .await
+        .unwrap();
+    let a1 = tokio::spawn(b16_request(&broker, "a", 1500));
+    until(5, "a's first request in its handler", || {
+        B16_STARTED.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let refused = within(5, "the refusal", b16_request(&broker, "a", 1000)).await;
+    assert!(
+        matches!(&refused, Err(Error::StructuralLimit(why)) if why.contains("byte")),
+        "{refused:?}"
+    );
+    let small = tokio::spawn(b16_request(&broker, "a", 10));
+    let other = tokio::spawn(b16_request(&broker, "b", 1500));
+    B16_GATE.open();
+    for task in [a1, small, other] {
+        let reply = within(5, "a reply", task).await.unwrap();
+        assert_eq!(reply.unwrap().payload(), "done");
+    }
+    running.shutdown().await.unwrap();
 }

@@ -42,7 +42,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let per_key = unit.config.max_pending_per_key.unwrap_or(max_pending);
     let owners: Arc<OwnerSet<Item<B, S>, JobPermit>> = Arc::new(OwnerSet::new(OwnerLimits {
         max_count: per_key,
-        max_bytes: usize::MAX,
+        max_bytes: unit.config.max_pending_bytes_per_key.unwrap_or(usize::MAX),
         max_total: max_pending,
     }));
     let workers: Vec<_> = (0..n)

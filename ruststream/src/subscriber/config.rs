@@ -28,6 +28,7 @@ pub struct SubscriberConfig {
     pub(crate) mode: Mode,
     pub(crate) max_pending: Option<usize>,
     pub(crate) max_pending_per_key: Option<usize>,
+    pub(crate) max_pending_bytes_per_key: Option<usize>,
     pub(crate) fail_fast: bool,
     pub(crate) receive_flow: Option<bool>,
     pub(crate) max_message_size: usize,
@@ -98,6 +99,7 @@ impl SubscriberConfig {
             mode: Mode::Sequential,
             max_pending: None,
             max_pending_per_key: None,
+            max_pending_bytes_per_key: None,
             fail_fast: false,
             receive_flow: None,
             max_message_size: Self::DEFAULT_MAX_MESSAGE_SIZE,
@@ -217,6 +219,18 @@ impl SubscriberConfig {
         self
     }
 
+    /// Bytes (headers + payload) one key may hold in a `workers(n, by_key)`
+    /// subscriber's owner FIFO, queued plus running (default: no byte limit,
+    /// only [`max_pending_per_key`](Self::max_pending_per_key)). A key with
+    /// nothing in hand always takes one delivery, however large. Beyond the
+    /// limit, as for the count: a *request* is refused at once with
+    /// [`Error::StructuralLimit`](crate::Error::StructuralLimit), a one-way
+    /// message waits for its key's room.
+    pub fn max_pending_bytes_per_key(mut self, bytes: usize) -> Self {
+        self.max_pending_bytes_per_key = Some(bytes);
+        self
+    }
+
     /// Largest message (headers + payload, in bytes) this subscriber accepts
     /// (default 64 KiB). A larger one is refused before decode: a
     /// request caller gets [`Error::Protocol`](crate::Error::Protocol), a
@@ -293,10 +307,18 @@ impl SubscriberConfig {
             _ if self.max_pending_per_key == Some(0) => {
                 bad("max_pending_per_key must be at least 1")
             }
+            _ if self.max_pending_bytes_per_key == Some(0) => {
+                bad("max_pending_bytes_per_key must be at least 1")
+            }
             Mode::Sequential | Mode::Workers { by_key: false, .. } | Mode::Threads { .. }
                 if self.max_pending_per_key.is_some() =>
             {
                 bad("max_pending_per_key applies to workers(n, by_key) only")
+            }
+            Mode::Sequential | Mode::Workers { by_key: false, .. } | Mode::Threads { .. }
+                if self.max_pending_bytes_per_key.is_some() =>
+            {
+                bad("max_pending_bytes_per_key applies to workers(n, by_key) only")
             }
             _ if self.batch.is_some_and(|b| b.max == 0) => bad("batch(max) needs max >= 1"),
             Mode::Workers { .. } | Mode::Threads { .. } if self.batch.is_some() => bad(

@@ -34,6 +34,7 @@ async fn delete(order: Order) {
     workers(4, by_key),
     max_pending = 64,
     max_pending_per_key = 8,
+    max_pending_bytes_per_key = 1048576,
     fail_fast,
 )]
 async fn audit(order: Order) {
