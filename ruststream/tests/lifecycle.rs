@@ -315,6 +315,98 @@ async fn rt10_aborted_handler_leaves_its_delivery_unsettled_for_the_next_consume
     again.ack().await.unwrap();
 }
 
+// RT-10: past the timeout nothing queued starts, and a handler stuck in
+// blocking code does not hold the shutdown.
+
+static QUEUED_STARTED: AtomicU32 = AtomicU32::new(0);
+static QUEUED_FIRST: Notify = Notify::const_new();
+
+#[subscriber("queued.jobs", queue_group = "g", workers(1, by_key))]
+async fn queued_jobs(job: String) {
+    QUEUED_STARTED.fetch_add(1, Ordering::SeqCst);
+    if job == "0" {
+        QUEUED_FIRST.notify_one();
+        pending::<()>().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt10_nothing_queued_starts_after_the_timeout_and_all_of_it_comes_back() {
+    let server = MemoryBroker::new();
+    let running = App::new()
+        .broker(server.connect())
+        .shutdown_timeout(Duration::from_millis(200))
+        .subscriber(queued_jobs)
+        .start()
+        .await
+        .unwrap();
+    // One worker: "0" blocks it, the other seven wait in their keys' FIFOs.
+    for i in 0..8 {
+        let job = format!("{i}");
+        server
+            .publish_message("queued.jobs", Message::new(job.clone()).with_key(job), None)
+            .await
+            .unwrap();
+    }
+    within(5, "the first handler", QUEUED_FIRST.notified()).await;
+    let mut next_consumer = server
+        .subscribe(SubscribeOptions::new("queued.jobs").queue_group("g"))
+        .await
+        .unwrap();
+    within(5, "shutdown at the timeout", running.shutdown())
+        .await
+        .unwrap();
+    assert_eq!(
+        QUEUED_STARTED.load(Ordering::SeqCst),
+        1,
+        "nothing queued started after the timeout"
+    );
+    let mut again = Vec::new();
+    for _ in 0..8 {
+        let d = within(5, "a redelivery", next_consumer.next())
+            .await
+            .unwrap();
+        again.push(String::from_utf8(d.envelope().payload().to_vec()).unwrap());
+        d.ack().await.unwrap();
+    }
+    again.sort();
+    assert_eq!(
+        again,
+        ["0", "1", "2", "3", "4", "5", "6", "7"],
+        "none acked"
+    );
+}
+
+static BLOCKING_STARTED: Notify = Notify::const_new();
+
+#[subscriber("blocking.jobs", threads(1))]
+async fn blocking_job(_job: String) {
+    BLOCKING_STARTED.notify_one();
+    // A blocking call nothing can interrupt.
+    std::thread::sleep(Duration::from_secs(30));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt10_a_handler_stuck_in_blocking_code_does_not_hold_the_shutdown() {
+    let server = MemoryBroker::new();
+    let running = App::new()
+        .broker(server.clone())
+        .shutdown_timeout(Duration::from_millis(200))
+        .subscriber(blocking_job)
+        .start()
+        .await
+        .unwrap();
+    server
+        .publish_message("blocking.jobs", Message::new("job"), None)
+        .await
+        .unwrap();
+    within(5, "the blocking handler", BLOCKING_STARTED.notified()).await;
+    // Bounded by the timeout and a short grace, not by the 30 s sleep.
+    within(5, "shutdown at the timeout", running.shutdown())
+        .await
+        .unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // RT-8 / RT-10: retry_after republishes, and is not lost at shutdown.
 

@@ -19,6 +19,10 @@ use crate::middleware::SharedMiddleware;
 use crate::subscriber::{StateKey, SubscriberConfig};
 use crate::{Error, Result, metrics};
 
+/// How long aborted loops get to drop what they hold (an aborted task ends
+/// at its next await) before the shutdown goes on without them.
+const ABORT_GRACE: Duration = Duration::from_millis(100);
+
 /// A running app: its subscriber loops are live.
 ///
 /// [`shutdown`](RunningApp::shutdown) stops it in this order:
@@ -283,6 +287,7 @@ impl RunningApp {
         // 2 + 3. Stop taking deliveries; every loop drains what it holds, in
         // parallel.
         self.stop.stop();
+        let aborts: Vec<_> = self.loops.iter().map(JoinHandle::abort_handle).collect();
         let mut loops = join_all(self.loops.drain(..));
         let joined = tokio::select! {
             joined = &mut loops => Some(joined),
@@ -291,16 +296,30 @@ impl RunningApp {
         let joined = match joined {
             Some(joined) => joined,
             None => {
-                // RT-10: abort what still runs. Aborted handlers' deliveries
-                // are dropped unsettled, so the broker redelivers them.
+                // RT-10: abort what still runs. Handlers waiting are dropped
+                // and nothing queued starts; their deliveries stay unsettled,
+                // so the broker redelivers them. A handler stuck in blocking
+                // code cannot be dropped: it is left to end on its own, and
+                // the shutdown goes on.
                 tracing::warn!("shutdown timeout expired: aborting handlers still running");
                 self.abort.cancel();
                 metrics::aborted(1);
-                loops.await
+                for abort in &aborts {
+                    abort.abort();
+                }
+                tokio::select! {
+                    joined = loops => joined,
+                    () = tokio::time::sleep(ABORT_GRACE) => {
+                        tracing::warn!("a subscriber loop is still in a handler's blocking code: left to end on its own");
+                        Vec::new()
+                    }
+                }
             }
         };
         for result in joined {
-            if let Err(err) = result {
+            if let Err(err) = result
+                && !err.is_cancelled()
+            {
                 tracing::error!(error = %err, "subscriber loop ended abnormally");
                 first_error.get_or_insert(Error::App(err.into()));
             }

@@ -133,6 +133,10 @@ async fn handle<B: Broker, S: SendSubscriber, D: Delivery>(
     deliveries: &mut Vec<D>,
     bodies: Vec<S::Body>,
 ) {
+    if unit.abort.is_cancelled() {
+        // RT-10: past the shutdown timeout nothing more starts.
+        return unit.not_started(std::mem::take(deliveries));
+    }
     let mut aborted = pin!(async { unit.abort.cancelled().await });
     let started = unit.metrics.started();
     let (outcome, follow_ups) = {
