@@ -14,13 +14,14 @@ use super::hooks::{self, Hooks};
 use super::register::{StartContext, StartUnit};
 use crate::accept::AcceptLayer;
 use crate::binding::erased::ErasedBroker;
-use crate::host::Stop;
+use crate::host::{Abort, Stop};
 use crate::middleware::SharedMiddleware;
 use crate::subscriber::{StateKey, SubscriberConfig};
 use crate::{Error, Result, metrics};
 
-/// How long aborted loops get to drop what they hold (an aborted task ends
-/// at its next await) before the shutdown goes on without them.
+/// How long loops get, once aborted, to drop what they hold (an aborted
+/// handler ends at its next await, nothing queued starts) before the
+/// shutdown goes on without them.
 const ABORT_GRACE: Duration = Duration::from_millis(100);
 
 /// A running app: its subscriber loops are live.
@@ -45,7 +46,7 @@ pub struct RunningApp {
     stop: Stop,
     /// Set when the shutdown timeout expires: handlers still running are
     /// dropped, their deliveries unsettled.
-    abort: CancellationToken,
+    abort: Abort,
     loops: Vec<JoinHandle<()>>,
     brokers: Vec<Arc<dyn ErasedBroker>>,
     /// Behind a mutex only to make `RunningApp` `Sync` (hooks need not be).
@@ -157,7 +158,7 @@ impl RunningApp {
         let served = Served::bind(endpoints, &app).await?;
         hooks::run(hooks.on_startup, &app, "on_startup", true).await?;
         let stop = Stop::default();
-        let abort = CancellationToken::new();
+        let abort = Abort::default();
         let mut running = RunningApp {
             app: app.clone(),
             stop: stop.clone(),
@@ -304,12 +305,12 @@ impl RunningApp {
                 tracing::warn!("shutdown timeout expired: aborting handlers still running");
                 self.abort.cancel();
                 metrics::aborted(1);
-                for abort in &aborts {
-                    abort.abort();
-                }
                 tokio::select! {
                     joined = loops => joined,
                     () = tokio::time::sleep(ABORT_GRACE) => {
+                        for abort in &aborts {
+                            abort.abort();
+                        }
                         tracing::warn!("a subscriber loop is still in a handler's blocking code: left to end on its own");
                         Vec::new()
                     }

@@ -17,8 +17,7 @@ use std::task::{Context, Poll};
 
 use crate::accept::{AcceptLayer, Verdict};
 use crate::binding::{Broker, Delivery, RetryAfter};
-use crate::host::AppHandle;
-use tokio_util::sync::CancellationToken;
+use crate::host::{Abort, AppHandle};
 
 use crate::message::header;
 use crate::metrics::Handled;
@@ -47,7 +46,7 @@ pub(crate) struct Unit<B, S> {
     pub(crate) app: AppHandle,
     /// Set when the shutdown timeout expires: a handler still running
     /// is dropped with its delivery unsettled, so the broker redelivers it.
-    pub(crate) abort: CancellationToken,
+    pub(crate) abort: Abort,
     /// Outcome counts; with timings on, the handler runs on the stack path
     /// (`stack.rs`), which times it, so this path reads no clock.
     pub(crate) metrics: Arc<metrics::UnitMetrics>,
