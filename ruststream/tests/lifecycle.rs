@@ -269,6 +269,61 @@ async fn rt10_timeout_bounds_the_wait_for_a_task_that_never_ends() {
     );
 }
 
+// RT-8: the after-ack hook sees every acked delivery, also one its handler
+// never ran for (an accept layer's skip).
+
+static SKIP_HANDLED: AtomicU32 = AtomicU32::new(0);
+
+#[subscriber("skip.jobs")]
+async fn skip_jobs(_job: String) {
+    SKIP_HANDLED.fetch_add(1, Ordering::SeqCst);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rt8_the_after_ack_hook_sees_a_delivery_a_layer_skipped() {
+    let broker = MemoryBroker::new();
+    let (tx, mut acked) = tokio::sync::mpsc::unbounded_channel();
+    let running = App::new()
+        .broker(broker.clone())
+        .layer(|env: &Envelope| match env.payload().as_ref() {
+            b"duplicate" => ruststream::Verdict::Skip,
+            _ => ruststream::Verdict::Accept,
+        })
+        .after_ack(move |env: Envelope| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(String::from_utf8(env.payload().to_vec()).unwrap());
+            }
+        })
+        .subscriber(skip_jobs)
+        .start()
+        .await
+        .unwrap();
+    for job in ["duplicate", "new"] {
+        broker
+            .publish_message("skip.jobs", Message::new(job), None)
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        seen.push(
+            within(5, "an after-ack hook run", acked.recv())
+                .await
+                .unwrap(),
+        );
+    }
+    // Each hook run is a task of its own: they may finish in any order.
+    seen.sort();
+    assert_eq!(seen, ["duplicate", "new"]);
+    assert_eq!(
+        SKIP_HANDLED.load(Ordering::SeqCst),
+        1,
+        "the handler saw only the new one"
+    );
+    running.shutdown().await.unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // RT-10: an aborted handler's delivery is never acked and is redelivered.
 

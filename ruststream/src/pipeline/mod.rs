@@ -256,7 +256,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                     }
                     RetryAfter::NotHeld(delivery) => {
                         self.record("delayed");
-                        let acked = delivery.ack().await;
+                        let acked = self.ack_early(delivery).await;
                         if acked.is_ok() {
                             tasks::schedule_retry(&self.broker, &self.app, &env, delay);
                         }
@@ -269,7 +269,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             }
             Early::Layer(Verdict::Skip) => {
                 self.acked();
-                self.settled(delivery.ack().await);
+                self.settled(self.ack_early(delivery).await);
             }
             Early::Layer(Verdict::Retry) => {
                 self.handled(Handled::Retried);
@@ -433,7 +433,21 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         tracing::warn!(subject = %self.config.subject, reason, "request refused by a structural limit");
         self.reply(&delivery, error_reply(reason), Some("structural-limit"))
             .await;
-        self.settled(delivery.ack().await);
+        self.settled(self.ack_early(delivery).await);
+    }
+
+    /// Acks a delivery its handler never ran for, and starts the after-ack
+    /// hook for it: the hook sees every acked delivery (RT-8).
+    async fn ack_early<D: Delivery>(&self, delivery: D) -> crate::Result<()> {
+        let env = self
+            .app
+            .has_after_ack()
+            .then(|| delivery.envelope().clone());
+        let acked = delivery.ack().await;
+        if let (Ok(()), Some(env)) = (&acked, env) {
+            self.app.acked(&env);
+        }
+        acked
     }
 
     /// A failed handler: redeliver while attempts remain and the error allows
