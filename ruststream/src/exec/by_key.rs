@@ -68,7 +68,11 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                     } = turn;
                     // JQ-4 step 5: the permit returns right before the handler.
                     drop(permit);
-                    invoke!(&*unit, delivery, handle_send(body));
+                    if unit.abort.is_cancelled() {
+                        unit.not_started(delivery);
+                    } else {
+                        invoke!(&*unit, delivery, handle_send(body));
+                    }
                     // The next turn at hand is taken in the same lock.
                     turn = match owners.finish_and_next(owner, bytes) {
                         Some(turn) => turn,

@@ -93,70 +93,61 @@ macro_rules! invoke {
     ($unit:expr, $delivery:expr, $handler:ident($body:expr)) => {{
         let unit = $unit;
         let delivery = $delivery;
-        if unit.abort.is_cancelled() {
-            // RT-10: past the shutdown timeout nothing more starts; the
-            // delivery is left unsettled, for the broker to redeliver.
-            unit.not_started(delivery);
-        } else {
-            match &unit.service {
-                // Out of line and boxed: without middleware, a loop's future
-                // and code stay what they are.
-                Some(service) => {
-                    ::std::boxed::Box::pin(unit.through_stack(
-                        service,
-                        delivery,
-                        ::std::boxed::Box::new($body),
-                    ))
-                    .await
-                }
-                None => {
-                    // Not started (so not registered anywhere, and not even
-                    // built: the token's wait registers with a `Notify` when
-                    // made) unless something waits.
-                    let mut aborted = ::std::pin::pin!(async { unit.abort.cancelled().await });
-                    let scope = $crate::subscriber::Scope::new(
-                        $crate::Delivery::envelope(&delivery),
-                        &unit.app,
-                        &unit.broker,
-                    );
-                    let outcome = {
-                        let handler = ::std::pin::pin!(unit.subscriber.$handler($body, &scope));
-                        $crate::pipeline::or_abort(
-                            $crate::pipeline::Caught(handler),
-                            aborted.as_mut(),
-                        )
+        match &unit.service {
+            // Out of line and boxed: without middleware, a loop's future
+            // and code stay what they are.
+            Some(service) => {
+                ::std::boxed::Box::pin(unit.through_stack(
+                    service,
+                    delivery,
+                    ::std::boxed::Box::new($body),
+                ))
+                .await
+            }
+            None => {
+                // Not started (so not registered anywhere, and not even
+                // built: the token's wait registers with a `Notify` when
+                // made) unless something waits.
+                let mut aborted = ::std::pin::pin!(async { unit.abort.cancelled().await });
+                let scope = $crate::subscriber::Scope::new(
+                    $crate::Delivery::envelope(&delivery),
+                    &unit.app,
+                    &unit.broker,
+                );
+                let outcome = {
+                    let handler = ::std::pin::pin!(unit.subscriber.$handler($body, &scope));
+                    $crate::pipeline::or_abort($crate::pipeline::Caught(handler), aborted.as_mut())
                         .await
-                    };
-                    match outcome {
-                        Some(outcome) => match (outcome, scope.into_follow_ups()) {
-                            // The common case, settled right here: a plain ack,
-                            // nothing to reply, nothing to start after it.
-                            ($crate::pipeline::Outcome::Ack(None), None)
-                                if !unit.app.has_after_ack() =>
-                            {
-                                unit.metrics.acked();
-                                match $crate::Delivery::try_ack(delivery) {
-                                    Ok(acked) => unit.settled(acked),
-                                    Err(delivery) => {
-                                        let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
-                                        match $crate::pipeline::or_abort(ack, aborted).await {
-                                            Some(acked) => unit.settled(acked),
-                                            None => unit.aborted(),
-                                        }
+                };
+                match outcome {
+                    Some(outcome) => match (outcome, scope.into_follow_ups()) {
+                        // The common case, settled right here: a plain ack,
+                        // nothing to reply, nothing to start after it.
+                        ($crate::pipeline::Outcome::Ack(None), None)
+                            if !unit.app.has_after_ack() =>
+                        {
+                            unit.metrics.acked();
+                            match $crate::Delivery::try_ack(delivery) {
+                                Ok(acked) => unit.settled(acked),
+                                Err(delivery) => {
+                                    let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
+                                    match $crate::pipeline::or_abort(ack, aborted).await {
+                                        Some(acked) => unit.settled(acked),
+                                        None => unit.aborted(),
                                     }
                                 }
                             }
-                            (outcome, follow_ups) => {
-                                let settle = ::std::pin::pin!(
-                                    unit.settle_outcome(delivery, outcome, follow_ups)
-                                );
-                                if $crate::pipeline::or_abort(settle, aborted).await.is_none() {
-                                    unit.aborted();
-                                }
+                        }
+                        (outcome, follow_ups) => {
+                            let settle = ::std::pin::pin!(
+                                unit.settle_outcome(delivery, outcome, follow_ups)
+                            );
+                            if $crate::pipeline::or_abort(settle, aborted).await.is_none() {
+                                unit.aborted();
                             }
-                        },
-                        None => unit.aborted(),
-                    }
+                        }
+                    },
+                    None => unit.aborted(),
                 }
             }
         }
