@@ -12,7 +12,7 @@ use crate::binding::erased::BoxFuture;
 use crate::binding::{Broker, Subscription};
 use crate::exec;
 
-use crate::host::{AppHandle, Stop};
+use crate::host::{Abort, AppHandle, Stop};
 use crate::ingress::PressureState;
 use crate::ingress::SourceRegistration;
 use crate::middleware::{HandlerService, SharedMiddleware};
@@ -26,7 +26,7 @@ pub(crate) struct StartContext {
     pub(crate) middleware: Arc<[SharedMiddleware]>,
     pub(crate) stop: Stop,
     /// Set when the shutdown timeout expires: handlers in hand are dropped.
-    pub(crate) abort: Stop,
+    pub(crate) abort: Abort,
     pub(crate) app: AppHandle,
 }
 

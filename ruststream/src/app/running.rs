@@ -14,7 +14,7 @@ use super::hooks::{self, Hooks};
 use super::register::{StartContext, StartUnit};
 use crate::accept::AcceptLayer;
 use crate::binding::erased::ErasedBroker;
-use crate::host::Stop;
+use crate::host::{Abort, Stop};
 use crate::middleware::SharedMiddleware;
 use crate::subscriber::{StateKey, SubscriberConfig};
 use crate::{Error, Result, metrics};
@@ -46,7 +46,7 @@ pub struct RunningApp {
     stop: Stop,
     /// Set when the shutdown timeout expires: handlers still running are
     /// dropped, their deliveries unsettled.
-    abort: Stop,
+    abort: Abort,
     loops: Vec<JoinHandle<()>>,
     brokers: Vec<Arc<dyn ErasedBroker>>,
     /// Behind a mutex only to make `RunningApp` `Sync` (hooks need not be).
@@ -158,7 +158,7 @@ impl RunningApp {
         let served = Served::bind(endpoints, &app).await?;
         hooks::run(hooks.on_startup, &app, "on_startup", true).await?;
         let stop = Stop::default();
-        let abort = Stop::default();
+        let abort = Abort::default();
         let mut running = RunningApp {
             app: app.clone(),
             stop: stop.clone(),
@@ -303,7 +303,7 @@ impl RunningApp {
                 // code cannot be dropped: it is left to end on its own, and
                 // the shutdown goes on.
                 tracing::warn!("shutdown timeout expired: aborting handlers still running");
-                self.abort.stop();
+                self.abort.cancel();
                 metrics::aborted(1);
                 tokio::select! {
                     joined = loops => joined,

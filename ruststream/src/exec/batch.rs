@@ -133,11 +133,11 @@ async fn handle<B: Broker, S: SendSubscriber, D: Delivery>(
     deliveries: &mut Vec<D>,
     bodies: Vec<S::Body>,
 ) {
-    if unit.abort.is_stopped() {
+    if unit.abort.is_cancelled() {
         // RT-10: past the shutdown timeout nothing more starts.
         return unit.not_started(std::mem::take(deliveries));
     }
-    let mut aborted = pin!(async { unit.abort.wait().await });
+    let mut aborted = pin!(async { unit.abort.cancelled().await });
     let started = unit.metrics.started();
     let (outcome, follow_ups) = {
         let scope = Scope::new(deliveries[0].envelope(), &unit.app, &unit.broker);

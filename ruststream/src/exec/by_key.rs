@@ -68,7 +68,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                     } = turn;
                     // JQ-4 step 5: the permit returns right before the handler.
                     drop(permit);
-                    if unit.abort.is_stopped() {
+                    if unit.abort.is_cancelled() {
                         unit.not_started(delivery);
                     } else {
                         invoke!(&*unit, delivery, handle_send(body));

@@ -409,7 +409,7 @@ impl<B: Broker, S: Subscriber, J: Job<B, S>> Thread<B, S, J> {
                 match job.open(unit) {
                     Ok((delivery, body, permit)) => {
                         give_back(permit, &mut held);
-                        if unit.abort.is_stopped() {
+                        if unit.abort.is_cancelled() {
                             unit.not_started(delivery);
                         } else if traced_local {
                             Box::pin(unit.traced_local(delivery, body)).await;

@@ -8,9 +8,11 @@
 //! builder, and above the bindings and the job queue, so each of those
 //! reads it without reaching up into `app`.
 
+mod abort;
 mod handle;
 mod stop;
 
+pub(crate) use abort::Abort;
 pub use handle::AppHandle;
 pub(crate) use handle::{AfterAck, StateMap};
 pub(crate) use stop::Stop;

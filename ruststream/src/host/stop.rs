@@ -2,10 +2,8 @@
 //! delivery plus a notification for loops that are waiting. Hand-made
 //! because it is read on the hot path: a look costs 7 instructions, against
 //! 53 for `CancellationToken::is_cancelled` (which takes a mutex), measured
-//! under callgrind. The shutdown timeout's abort is one too (looked at
-//! before each queued delivery starts, waited on by handlers in flight);
-//! the app's rarer signals (flush retries, shutdown requested) are
-//! `CancellationToken`s.
+//! under callgrind. The app's rarer signals (abort, flush retries, shutdown
+//! requested) are `CancellationToken`s.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 use crate::accept::{AcceptLayer, Verdict};
 use crate::binding::{Broker, Delivery, RetryAfter};
-use crate::host::{AppHandle, Stop};
+use crate::host::{Abort, AppHandle};
 
 use crate::message::header;
 use crate::metrics::Handled;
@@ -46,7 +46,7 @@ pub(crate) struct Unit<B, S> {
     pub(crate) app: AppHandle,
     /// Set when the shutdown timeout expires: a handler still running
     /// is dropped with its delivery unsettled, so the broker redelivers it.
-    pub(crate) abort: Stop,
+    pub(crate) abort: Abort,
     /// Outcome counts; with timings on, the handler runs on the stack path
     /// (`stack.rs`), which times it, so this path reads no clock.
     pub(crate) metrics: Arc<metrics::UnitMetrics>,
@@ -108,7 +108,7 @@ macro_rules! invoke {
                 // Not started (so not registered anywhere, and not even
                 // built: the token's wait registers with a `Notify` when
                 // made) unless something waits.
-                let mut aborted = ::std::pin::pin!(async { unit.abort.wait().await });
+                let mut aborted = ::std::pin::pin!(async { unit.abort.cancelled().await });
                 let scope = $crate::subscriber::Scope::new(
                     $crate::Delivery::envelope(&delivery),
                     &unit.app,

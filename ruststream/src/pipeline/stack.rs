@@ -103,7 +103,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         delivery: D,
         body: Box<dyn Any + Send>,
     ) {
-        let mut aborted = pin!(self.abort.wait());
+        let mut aborted = pin!(self.abort.cancelled());
         let started = self.metrics.started();
         let called = {
             let call = pin!(call(
@@ -133,7 +133,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     pub(crate) async fn traced_local<D: Delivery>(&self, delivery: D, body: S::Body) {
         let span = self.span(delivery.envelope());
         async {
-            let mut aborted = pin!(self.abort.wait());
+            let mut aborted = pin!(self.abort.cancelled());
             let scope = Scope::new(delivery.envelope(), &self.app, &self.broker);
             let outcome = {
                 let handler = pin!(self.subscriber.handle(body, &scope));
