@@ -362,3 +362,47 @@ async fn a_batch_size_for_a_handler_of_single_messages_stops_the_start() {
         "{err}"
     );
 }
+
+#[subscriber("local.counts", threads(2))]
+async fn local_counts(_b: Bytes) {
+    // `!Send` across the await: this handler runs on `threads(n)` only.
+    let seen = std::rc::Rc::new(std::cell::Cell::new(0));
+    tokio::task::yield_now().await;
+    seen.set(seen.get() + 1);
+}
+
+#[subscriber("plain.work", workers(2))]
+async fn plain_work(_b: Bytes) {}
+
+/// `check` refuses whatever `start` would refuse — here two mistakes only
+/// settings can make: a `!Send` handler moved off `threads(n)`, and a
+/// `max_pending` on a subscriber that has no owner FIFOs for it to bound.
+#[tokio::test]
+async fn check_refuses_what_start_would_refuse() {
+    for (vars, subscriber, says) in [
+        (
+            [("RUSTSTREAM__SUBSCRIBERS__LOCAL_COUNTS__WORKERS", "4")],
+            "local_counts",
+            "`!Send` handler",
+        ),
+        (
+            [("RUSTSTREAM__SUBSCRIBERS__PLAIN_WORK__MAX_PENDING", "1")],
+            "plain_work",
+            "max_pending",
+        ),
+    ] {
+        let settings = Settings::from_sources(None, vars).unwrap();
+        let app = || {
+            let app = App::new().broker(MemoryBroker::new());
+            match subscriber {
+                "local_counts" => app.subscriber(local_counts),
+                _ => app.subscriber(plain_work),
+            }
+            .settings(&settings)
+        };
+        let checked = app().check().await.unwrap_err().to_string();
+        assert!(checked.contains(says), "check: {checked}");
+        let started = app().start().await.unwrap_err().to_string();
+        assert_eq!(checked, started, "check and start say the same");
+    }
+}

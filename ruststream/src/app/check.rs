@@ -43,6 +43,7 @@ impl<B: Broker> App<B> {
         self.jobs.validate()?;
         for unit in &self.units {
             unit.config().validate()?;
+            unit.refusal()?;
             check_state(
                 |id| self.state.contains_key(&id),
                 unit.config(),

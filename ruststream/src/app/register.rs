@@ -38,6 +38,10 @@ pub(crate) trait StartUnit: Send {
     fn config_mut(&mut self) -> &mut SubscriberConfig;
     /// The handler's name and the shared state types it takes.
     fn requires(&self) -> (&'static str, Vec<StateKey>);
+    /// What [`start`](Self::start) refuses beyond the configuration's own
+    /// checks — the handler's mode, middleware its mode does not take — so
+    /// `App::check` refuses it too.
+    fn refusal(&self) -> Result<()>;
     /// The name of the broker it is bound to.
     fn broker_name(&self) -> &'static str;
     /// What it receives and replies, for an AsyncAPI document.
@@ -162,6 +166,13 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
         (self.subscriber.name(), self.subscriber.required_state())
     }
 
+    fn refusal(&self) -> Result<()> {
+        if self.config.batch.is_some() {
+            refuse_middleware(&self.config, BATCH)?;
+        }
+        Ok(())
+    }
+
     fn broker_name(&self) -> &'static str {
         Broker::name(&self.broker)
     }
@@ -182,15 +193,11 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
 
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
+            self.refusal()?;
             let mode = self.config.mode;
             let batch = self.config.batch.is_some();
             if batch {
-                refuse_middleware(
-                    &self.config,
-                    &cx,
-                    "batch(..)",
-                    "they take whole batches, not one delivery",
-                )?;
+                warn_app_middleware(&self.config, &cx, BATCH);
             }
             let subscriber = Arc::new(self.subscriber);
             let middleware: Vec<SharedMiddleware> = if batch {
@@ -236,26 +243,32 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
 /// Middleware wraps one `Send` handler call per delivery: a subscriber
 /// on `mode` takes none (`why`). Its own is a startup error; the app's
 /// skips it, with a warning.
-fn refuse_middleware(
-    config: &SubscriberConfig,
-    cx: &StartContext,
-    mode: &str,
-    why: &str,
-) -> Result<()> {
-    if !config.middleware.is_empty() {
-        return Err(crate::Error::Config(format!(
-            "subscriber `{}` runs on `{mode}`, whose handlers take no middleware \
-             ({why}); remove `.middleware(..)`",
-            config.subject
-        )));
+/// A mode whose handlers take no middleware, and why.
+type NoMiddleware = (&'static str, &'static str);
+
+const BATCH: NoMiddleware = ("batch(..)", "they take whole batches, not one delivery");
+const THREADS: NoMiddleware = ("threads(n)", "their futures may be `!Send`: use `workers(n)`");
+
+/// A subscriber's own middleware on a mode that takes none is a mistake.
+fn refuse_middleware(config: &SubscriberConfig, (mode, why): NoMiddleware) -> Result<()> {
+    if config.middleware.is_empty() {
+        return Ok(());
     }
+    Err(crate::Error::Config(format!(
+        "subscriber `{}` runs on `{mode}`, whose handlers take no middleware \
+         ({why}); remove `.middleware(..)`",
+        config.subject
+    )))
+}
+
+/// The app's middleware passes such a subscriber by: said once, at start.
+fn warn_app_middleware(config: &SubscriberConfig, cx: &StartContext, (mode, why): NoMiddleware) {
     if !cx.middleware.is_empty() {
         tracing::warn!(
             subject = %config.subject,
             "the app's middleware does not wrap `{mode}` subscribers ({why})"
         );
     }
-    Ok(())
 }
 
 /// A subscriber whose handler future may be `!Send`: dedicated threads only.
@@ -279,6 +292,16 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
         (self.subscriber.name(), self.subscriber.required_state())
     }
 
+    fn refusal(&self) -> Result<()> {
+        if !matches!(self.config.mode, Mode::Threads { .. }) {
+            return Err(crate::Error::Config(format!(
+                "subscriber `{}` has a `!Send` handler: it can only run on `threads(n)`",
+                self.config.subject
+            )));
+        }
+        refuse_middleware(&self.config, THREADS)
+    }
+
     fn broker_name(&self) -> &'static str {
         Broker::name(&self.broker)
     }
@@ -299,18 +322,11 @@ impl<B: Broker, S: Subscriber> StartUnit for LocalUnit<B, S> {
 
     fn start(self: Box<Self>, cx: StartContext) -> BoxFuture<'static, Result<JoinHandle<()>>> {
         Box::pin(async move {
+            self.refusal()?;
             let Mode::Threads { n, by_key } = self.config.mode else {
-                return Err(crate::Error::Config(format!(
-                    "subscriber `{}` has a `!Send` handler: it can only run on `threads(n)`",
-                    self.config.subject
-                )));
+                unreachable!("refused above: a `!Send` handler runs on `threads(n)` only")
             };
-            refuse_middleware(
-                &self.config,
-                &cx,
-                "threads(n)",
-                "their futures may be `!Send`: use `workers(n)`",
-            )?;
+            warn_app_middleware(&self.config, &cx, THREADS);
             let subscriber = Arc::new(self.subscriber);
             let traced = crate::spans::enabled();
             let opened = open(self.broker, subscriber, None, traced, self.config, cx).await?;

@@ -320,6 +320,11 @@ impl SubscriberConfig {
             {
                 bad("max_pending_bytes_per_key applies to workers(n, by_key) only")
             }
+            Mode::Sequential | Mode::Workers { by_key: false, .. } | Mode::Threads { .. }
+                if self.max_pending.is_some() =>
+            {
+                bad("max_pending bounds the owner FIFOs of workers(n, by_key) only")
+            }
             _ if self.batch.is_some_and(|b| b.max == 0) => bad("batch(max) needs max >= 1"),
             Mode::Workers { .. } | Mode::Threads { .. } if self.batch.is_some() => bad(
                 "batch(..) runs one batch at a time in the subscriber's own loop: \
