@@ -21,7 +21,8 @@ use ruststream::ingress::{JobQueueSettings, PressureState};
 use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
 use ruststream::subscriber::SubscriberConfig;
 use ruststream::{
-    App, Broker, Configure, Delivery, Envelope, Message, Result, SubscribeOptions, Subscription,
+    App, Broker, Configure, Delivery, Envelope, Error, Message, Requester, Result,
+    SubscribeOptions, Subscription,
 };
 
 const START: &str = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server \
@@ -115,6 +116,57 @@ async fn jetstream_conforms() {
     let report = conformance::run(&Js).await;
     report.assert_passed();
     assert_eq!(report.skipped, ["request_reply_round_trip"]);
+}
+
+// ------------------------------------------------------ requests on JetStream
+
+/// A request to a subject the stream captures would be stored and answered
+/// by the stream's own receipt: it is refused with a clear error, at once.
+/// A request to a core NATS responder goes through on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jetstream_request_to_a_stream_subject_is_refused_and_core_requests_work() {
+    let prefix = unique("jsreq");
+    let js = nats()
+        .await
+        .jetstream(StreamSpec::new(stream_name(&prefix), [format!("{prefix}.>")]).memory_storage())
+        .await
+        .unwrap();
+    let stored = format!("{prefix}.double");
+    let refused = within(
+        5,
+        "the refusal",
+        js.request_message(&stored, Message::new("2"), Duration::from_secs(5)),
+    )
+    .await;
+    match refused {
+        Err(Error::Config(why)) => assert!(why.contains("JetStream::nats()"), "{why}"),
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+
+    let core = format!("core-{prefix}.double");
+    let mut responder = js
+        .nats()
+        .subscribe(SubscribeOptions::new(core.as_str()))
+        .await
+        .unwrap();
+    js.nats().client().flush().await.unwrap();
+    let caller = tokio::spawn({
+        let js = js.clone();
+        async move {
+            js.request_message(&core, Message::new("2"), Duration::from_secs(5))
+                .await
+        }
+    });
+    let request = within(5, "the request", responder.next()).await.unwrap();
+    let reply_to = request.envelope().reply_to().expect("a request").clone();
+    js.nats()
+        .publish_message(&reply_to, Message::new("4"), None)
+        .await
+        .unwrap();
+    request.ack().await.unwrap();
+    let reply = within(5, "the reply", caller).await.unwrap().unwrap();
+    assert_eq!(reply.payload(), "4".as_bytes());
+    js.delete_stream().await.unwrap();
 }
 
 // ------------------------------------------------------------- nak delay

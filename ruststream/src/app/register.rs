@@ -247,7 +247,10 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
 type NoMiddleware = (&'static str, &'static str);
 
 const BATCH: NoMiddleware = ("batch(..)", "they take whole batches, not one delivery");
-const THREADS: NoMiddleware = ("threads(n)", "their futures may be `!Send`: use `workers(n)`");
+const THREADS: NoMiddleware = (
+    "threads(n)",
+    "their futures may be `!Send`: use `workers(n)`",
+);
 
 /// A subscriber's own middleware on a mode that takes none is a mistake.
 fn refuse_middleware(config: &SubscriberConfig, (mode, why): NoMiddleware) -> Result<()> {

@@ -33,6 +33,7 @@ mod pull_flow;
 pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub(crate) mod subject;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -50,7 +50,6 @@ mod replies;
 mod route_cache;
 mod shared;
 mod stats;
-mod subject;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

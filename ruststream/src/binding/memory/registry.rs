@@ -5,8 +5,8 @@ use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use super::queue::Queue;
-use super::subject;
 use crate::Text;
+use crate::binding::subject;
 
 /// The queues one publish goes to, and the subject text deliveries carry.
 pub(crate) struct Route {

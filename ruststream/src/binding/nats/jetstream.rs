@@ -233,7 +233,10 @@ impl Broker for JetStream {
     }
 }
 
-/// Requests go over core NATS inboxes on the same connection.
+/// Requests go over core NATS inboxes on the same connection, to a core
+/// NATS responder. A subject the stream captures is refused: the stream
+/// would store the request and answer it with its own receipt, which would
+/// come back as the reply while the handler's reply came too late.
 impl Requester for JetStream {
     async fn send_request(
         &self,
@@ -241,6 +244,20 @@ impl Requester for JetStream {
         message: Message,
         timeout: Duration,
     ) -> Result<Envelope> {
+        let spec = &self.spec;
+        if spec
+            .subjects
+            .iter()
+            .any(|pattern| crate::binding::subject::matches(pattern, subject))
+        {
+            return Err(Error::Config(format!(
+                "`{subject}` is a subject of JetStream stream `{}`: a request there would be \
+                 stored, and the stream's receipt would come back as its reply. Request/reply \
+                 runs on core NATS: subscribe the responder on a `NatsBroker` and send the \
+                 request there (`JetStream::nats()`)",
+                spec.name
+            )));
+        }
         self.nats.send_request(subject, message, timeout).await
     }
 }

@@ -1,6 +1,7 @@
 //! Subject patterns: `.`-separated tokens, `*` matches one token, `>` matches
 //! one or more trailing tokens (the NATS convention, so subscriptions move
-//! between the memory Core and NATS unchanged).
+//! between the memory Core and NATS unchanged). The memory Core routes by
+//! them; the JetStream binding reads a stream's subjects with them.
 
 /// True when `pattern` contains a wildcard token.
 pub(crate) fn is_pattern(pattern: &str) -> bool {
