@@ -406,3 +406,32 @@ async fn check_refuses_what_start_would_refuse() {
         assert_eq!(checked, started, "check and start say the same");
     }
 }
+
+/// Every key has an environment variable, text keys included when their
+/// value looks like a number: a queue group named `2024`.
+#[tokio::test]
+async fn a_text_setting_that_looks_like_a_number_stays_text() {
+    let settings = Settings::from_sources(
+        None,
+        [
+            ("RUSTSTREAM__SUBSCRIBERS__PLAIN_WORK__QUEUE_GROUP", "2024"),
+            ("RUSTSTREAM__SUBSCRIBERS__PLAIN_WORK__DEAD_LETTER", "true"),
+        ],
+    )
+    .unwrap();
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(plain_work)
+        .settings(&settings)
+        .start()
+        .await
+        .unwrap();
+    let queue = broker
+        .queues()
+        .into_iter()
+        .find(|q| q.subject.as_str() == "plain.work")
+        .expect("subscribed");
+    assert_eq!(queue.queue_group.as_deref(), Some("2024"));
+    running.shutdown().await.unwrap();
+}

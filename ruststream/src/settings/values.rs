@@ -125,7 +125,9 @@ pub struct SubscriberOverrides {
     threads: Option<usize>,
     max_pending: Option<usize>,
     max_attempts: Option<u32>,
+    #[serde(default, deserialize_with = "text")]
     dead_letter: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     queue_group: Option<String>,
     batch_max: Option<usize>,
     #[serde(default, deserialize_with = "duration")]
@@ -203,27 +205,36 @@ fn duration<'de, D: Deserializer<'de>>(de: D) -> Result<Option<Duration>, D::Err
     })
 }
 
+/// A scalar as written, kept as text: an environment variable's value is
+/// read as a number or a boolean when it looks like one, and a name such as
+/// a queue group may well look like a number.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Scalar {
+    Text(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl From<Scalar> for String {
+    fn from(scalar: Scalar) -> String {
+        match scalar {
+            Scalar::Text(s) => s,
+            Scalar::Int(n) => n.to_string(),
+            Scalar::Float(x) => x.to_string(),
+            Scalar::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+/// A text setting, also when it was written as a number or a boolean.
+fn text<'de, D: Deserializer<'de>>(de: D) -> Result<Option<String>, D::Error> {
+    Ok(Some(Scalar::deserialize(de)?.into()))
+}
+
 /// A table of scalars, each kept as text.
 fn scalars<'de, D: Deserializer<'de>>(de: D) -> Result<BTreeMap<String, String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Scalar {
-        Text(String),
-        Int(i64),
-        Float(f64),
-        Bool(bool),
-    }
     let table = BTreeMap::<String, Scalar>::deserialize(de)?;
-    Ok(table
-        .into_iter()
-        .map(|(k, v)| {
-            let v = match v {
-                Scalar::Text(s) => s,
-                Scalar::Int(n) => n.to_string(),
-                Scalar::Float(x) => x.to_string(),
-                Scalar::Bool(b) => b.to_string(),
-            };
-            (k, v)
-        })
-        .collect())
+    Ok(table.into_iter().map(|(k, v)| (k, v.into())).collect())
 }
