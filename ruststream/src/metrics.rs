@@ -222,7 +222,7 @@ pub(crate) fn sent(
 static TIMINGS: AtomicBool = AtomicBool::new(false);
 
 /// Also records [`HANDLER_DURATION`] and [`IN_FLIGHT`] for subscribers
-/// started from now on (not `threads(n)` ones), and [`PUBLISH_DURATION`] and
+/// started from now on (not `!Send` handlers on `threads(n)`), and [`PUBLISH_DURATION`] and
 /// [`REQUEST_DURATION`] for apps and publishers made from now on: two clock
 /// reads and a histogram update per message, so it is off until asked for.
 /// `App::serve_metrics` turns it on; call this when you install a recorder
