@@ -240,10 +240,9 @@ impl<B: Broker, S: SendSubscriber> StartUnit for SendUnit<B, S> {
     }
 }
 
-/// Middleware wraps one `Send` handler call per delivery: a subscriber
-/// on `mode` takes none (`why`). Its own is a startup error; the app's
-/// skips it, with a warning.
-/// A mode whose handlers take no middleware, and why.
+/// A mode whose handlers take no middleware, and why: middleware wraps one
+/// `Send` handler call per delivery. A subscriber's own on such a mode is a
+/// startup error (and a `check` error); the app's skips it, with a warning.
 type NoMiddleware = (&'static str, &'static str);
 
 const BATCH: NoMiddleware = ("batch(..)", "they take whole batches, not one delivery");
