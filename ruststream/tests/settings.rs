@@ -408,13 +408,13 @@ async fn check_refuses_what_start_would_refuse() {
 }
 
 /// Every key has an environment variable, text keys included when their
-/// value looks like a number: a queue group named `2024`.
+/// value looks like a number: a queue group named `007`.
 #[tokio::test]
 async fn a_text_setting_that_looks_like_a_number_stays_text() {
     let settings = Settings::from_sources(
         None,
         [
-            ("RUSTSTREAM__SUBSCRIBERS__PLAIN_WORK__QUEUE_GROUP", "2024"),
+            ("RUSTSTREAM__SUBSCRIBERS__PLAIN_WORK__QUEUE_GROUP", "007"),
             ("RUSTSTREAM__SUBSCRIBERS__PLAIN_WORK__DEAD_LETTER", "true"),
         ],
     )
@@ -432,6 +432,6 @@ async fn a_text_setting_that_looks_like_a_number_stays_text() {
         .into_iter()
         .find(|q| q.subject.as_str() == "plain.work")
         .expect("subscribed");
-    assert_eq!(queue.queue_group.as_deref(), Some("2024"));
+    assert_eq!(queue.queue_group.as_deref(), Some("007"), "kept as written");
     running.shutdown().await.unwrap();
 }

@@ -1,5 +1,6 @@
 //! `RUSTSTREAM__…` variables as a settings source: `__` separates the
-//! levels of a key, values read as TOML scalars (`8`, `true`, `"30s"`).
+//! levels of a key, values read as TOML scalars (`8`, `true`, `"30s"`) —
+//! except names (queue groups, dead-letter subjects, URLs), kept as written.
 //! Figment's own `Env` reads only the process's environment; this one takes
 //! the variables it is given, so a test passes its own.
 
@@ -7,6 +8,9 @@ use figment::value::{Dict, Map, Value};
 use figment::{Metadata, Profile, Provider};
 
 use super::ENV_PREFIX;
+
+/// Keys whose values are names, never numbers or booleans.
+const TEXT_KEYS: &[&str] = &["queue_group", "dead_letter", "url"];
 
 /// The name of this source in figment's metadata.
 pub(super) const NAME: &str = "environment variables";
@@ -41,7 +45,15 @@ impl Provider for EnvVars {
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
         let mut dict = Dict::new();
         for (path, value) in &self.0 {
-            let value: Value = value.parse().expect("parsing a value is infallible");
+            let value: Value = if path
+                .last()
+                .is_some_and(|key| TEXT_KEYS.contains(&key.as_str()))
+            {
+                // Kept as written: a queue group `007` is not the number 7.
+                value.clone().into()
+            } else {
+                value.parse().expect("parsing a value is infallible")
+            };
             insert(&mut dict, path, value);
         }
         Ok(Profile::Default.collect(dict))
