@@ -247,9 +247,12 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                     }
                     RetryAfter::NotHeld(delivery) => {
                         self.record("delayed");
-                        let acked = self.ack_early(delivery).await;
+                        // The envelope is at hand already: no second copy
+                        // for the after-ack hook.
+                        let acked = delivery.ack().await;
                         if acked.is_ok() {
                             tasks::schedule_retry(&self.broker, &self.app, &env, delay);
+                            self.app.acked(&env);
                         }
                         self.settled(acked);
                     }
@@ -307,8 +310,11 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     }
 
     #[cold]
-    /// A delivery taken past the shutdown timeout: its handler never
-    /// starts, and it is left unsettled for the broker to redeliver (RT-10).
+    /// A delivery taken before the shutdown timeout and still waiting to
+    /// run past it (in a by-key FIFO, a thread's ring, a batch): its handler
+    /// never starts, and it is left unsettled for the broker to redeliver
+    /// (RT-10). Loops that take one delivery at a time need no such look:
+    /// after the stop they take nothing new.
     pub(crate) fn not_started<T>(&self, delivery: T) {
         tracing::debug!(subject = %self.config.subject, "shutdown timeout expired: delivery not started, left unsettled");
         drop(delivery);
