@@ -67,6 +67,9 @@ pub struct Request {
     pub(crate) app: AppHandle,
     pub(crate) broker: Arc<dyn ErasedBroker>,
     pub(crate) follow_ups: Arc<FollowUps>,
+    /// The delivery's job permit, returned right before the handler (JQ-4
+    /// step 5): a delivery a layer holds up still counts in the job queue.
+    pub(crate) permit: Option<crate::ingress::JobPermit>,
 }
 
 impl Request {

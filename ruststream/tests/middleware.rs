@@ -13,6 +13,7 @@ use common::{until, within};
 use ruststream::extract::Header;
 use ruststream::middleware::{self, Middleware, Next, Outcome, Request};
 use ruststream::prelude::*;
+use ruststream::subscriber::SubscriberConfig;
 use ruststream::{SubscribeOptions, header};
 use tower::limit::ConcurrencyLimitLayer;
 use tower::timeout::TimeoutLayer;
@@ -481,4 +482,82 @@ async fn app_middleware_leaves_threads_subscribers_unwrapped() {
     .await;
     running.shutdown().await.unwrap();
     assert!(THREADED.lock().unwrap().is_empty());
+}
+
+static HELD_IN_LAYER: AtomicUsize = AtomicUsize::new(0);
+static HELD_GATE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+static HELD_APP: Mutex<Option<ruststream::AppHandle>> = Mutex::new(None);
+static IN_USE_AT_HANDLER: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+#[subscriber("mw.held")]
+async fn held(_job: Bytes) {
+    let in_use = HELD_APP.lock().unwrap().as_ref().unwrap().pressure().in_use;
+    IN_USE_AT_HANDLER.lock().unwrap().push(in_use);
+}
+
+/// JQ-4 step 5 with middleware: a delivery's job permit returns right
+/// before the handler, not before the layers, so deliveries a layer holds
+/// up (here a gate, as a concurrency limit would) still count in the job
+/// queue, in every mode that takes middleware.
+#[tokio::test]
+async fn jq4_a_delivery_a_layer_holds_up_keeps_its_job_permit() {
+    let gate = || {
+        middleware::from_fn(|request: Request, next: Next| async move {
+            *HELD_APP.lock().unwrap() = Some(request.app().clone());
+            HELD_IN_LAYER.fetch_add(1, Ordering::SeqCst);
+            HELD_GATE.acquire().await.unwrap().forget();
+            next.run(request).await
+        })
+    };
+    type Mode = fn(SubscriberConfig) -> SubscriberConfig;
+    let modes: [(&str, Mode); 3] = [
+        ("workers(2)", |c| c.workers(2)),
+        ("workers(2, by_key)", |c| c.workers_by_key(2)),
+        ("threads(2)", |c| c.threads(2)),
+    ];
+    for (mode, configure) in modes {
+        HELD_IN_LAYER.store(0, Ordering::SeqCst);
+        IN_USE_AT_HANDLER.lock().unwrap().clear();
+        let broker = MemoryBroker::new();
+        let running = App::new()
+            .broker(broker.clone())
+            .job_queue(ruststream::ingress::JobQueueSettings::default().max_queued_jobs(8))
+            .subscriber(held.configure(move |c| configure(c).middleware(gate())))
+            .start()
+            .await
+            .unwrap();
+        let out = Publisher::new(broker);
+        for key in ["a", "b"] {
+            out.send("mw.held", Message::new("job").with_key(key))
+                .await
+                .unwrap();
+        }
+        until(5, "both deliveries in the layer", || {
+            HELD_IN_LAYER.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        assert_eq!(
+            running.pressure().in_use,
+            2,
+            "{mode}: the deliveries a layer holds up keep their permits"
+        );
+        HELD_GATE.add_permits(1);
+        until(5, "the first handler", || {
+            IN_USE_AT_HANDLER.lock().unwrap().len() == 1
+        })
+        .await;
+        HELD_GATE.add_permits(1);
+        until(5, "the second handler", || {
+            IN_USE_AT_HANDLER.lock().unwrap().len() == 2
+        })
+        .await;
+        assert_eq!(
+            *IN_USE_AT_HANDLER.lock().unwrap(),
+            [1, 0],
+            "{mode}: each handler starts with its own permit returned, the held one's still in use"
+        );
+        let app = HELD_APP.lock().unwrap().take().unwrap();
+        running.shutdown().await.unwrap();
+        assert_eq!(app.pressure().in_use, 0, "{mode}: every permit came back");
+    }
 }

@@ -66,12 +66,12 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                         permit,
                         bytes,
                     } = turn;
-                    // JQ-4 step 5: the permit returns right before the handler.
-                    drop(permit);
                     if unit.abort.is_cancelled() {
+                        drop(permit);
                         unit.not_started(delivery);
                     } else {
-                        invoke!(&*unit, delivery, handle_send(body));
+                        // JQ-4 step 5: the permit returns right before the handler.
+                        invoke!(&*unit, delivery, handle_send(body), permit);
                     }
                     // The next turn at hand is taken in the same lock.
                     turn = match owners.finish_and_next(owner, bytes) {

@@ -39,11 +39,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             break;
         };
         match unit.check(&delivery) {
-            Checked::Body(body) => {
-                // JQ-4 step 5: the permit returns right before the handler.
-                drop(permit);
-                invoke!(&unit, delivery, handle_send(body));
-            }
+            // JQ-4 step 5: the permit returns right before the handler.
+            Checked::Body(body) => invoke!(&unit, delivery, handle_send(body), permit),
             Checked::Early(early) => {
                 Box::pin(unit.settle_early(delivery, early)).await;
                 drop(permit);

@@ -408,13 +408,21 @@ impl<B: Broker, S: Subscriber, J: Job<B, S>> Thread<B, S, J> {
                 // future moved into it.
                 match job.open(unit) {
                     Ok((delivery, body, permit)) => {
-                        give_back(permit, &mut held);
                         if unit.abort.is_cancelled() {
+                            give_back(permit, &mut held);
                             unit.not_started(delivery);
                         } else if traced_local {
+                            give_back(permit, &mut held);
                             Box::pin(unit.traced_local(delivery, body)).await;
                         } else {
-                            invoke!(unit, delivery, handle(body));
+                            invoke!(
+                                unit,
+                                delivery,
+                                handle(body),
+                                release: give_back(permit, &mut held),
+                                // One claimed in place is one of `held`'s.
+                                hand_over: permit.or_else(|| Some(held.split_one(unit.app.jobs())))
+                            );
                         }
                     }
                     Err((delivery, early, permit)) => {

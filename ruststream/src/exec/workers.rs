@@ -67,11 +67,8 @@ async fn work<B: Broker, S: SendSubscriber>(
         next(shared, &jobs, stop, stopped.as_mut(), &mut budget).await
     {
         match unit.check(&delivery) {
-            Checked::Body(body) => {
-                // JQ-4 step 5: the permit returns right before the handler.
-                drop(permit);
-                invoke!(unit, delivery, handle_send(body));
-            }
+            // JQ-4 step 5: the permit returns right before the handler.
+            Checked::Body(body) => invoke!(unit, delivery, handle_send(body), permit),
             Checked::Early(early) => {
                 Box::pin(unit.settle_early(delivery, early)).await;
                 drop(permit);

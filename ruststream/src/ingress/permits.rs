@@ -43,6 +43,19 @@ impl Drop for BorrowedPermit<'_> {
     }
 }
 
+impl BorrowedPermit<'_> {
+    /// The same permit as one that owns a reference to `queue` (its own
+    /// queue), for a delivery whose permit travels on into a middleware
+    /// stack: nothing is released or taken on the way.
+    pub(crate) fn into_owned(self, queue: &Arc<JobQueue>) -> JobPermit {
+        debug_assert!(std::ptr::eq(self.0, &**queue), "a permit of another queue");
+        std::mem::forget(self);
+        JobPermit {
+            queue: Arc::clone(queue),
+        }
+    }
+}
+
 /// Permits of a batch of records, counted rather than one value each: one
 /// atomic update takes or returns them all. Borrows its queue, like
 /// [`BorrowedPermit`]; what it still holds returns when it is dropped.
@@ -72,6 +85,20 @@ impl<'a> Permits<'a> {
     /// Takes over every permit of `other`.
     pub(crate) fn merge(&mut self, mut other: Permits<'a>) {
         self.n += std::mem::take(&mut other.n);
+    }
+
+    /// One of the permits, split off as one that owns a reference to
+    /// `queue` (their own queue): nothing is released or taken on the way.
+    pub(crate) fn split_one(&mut self, queue: &Arc<JobQueue>) -> JobPermit {
+        debug_assert!(
+            std::ptr::eq(self.queue, &**queue),
+            "permits of another queue"
+        );
+        assert!(self.n > 0, "no permit to split off");
+        self.n -= 1;
+        JobPermit {
+            queue: Arc::clone(queue),
+        }
     }
 
     /// Returns all but `keep`.

@@ -18,6 +18,7 @@ use std::task::{Context, Poll};
 use crate::accept::{AcceptLayer, Verdict};
 use crate::binding::{Broker, Delivery, RetryAfter};
 use crate::host::{Abort, AppHandle};
+use crate::ingress::{BorrowedPermit, JobPermit, JobQueue};
 
 use crate::message::header;
 use crate::metrics::Handled;
@@ -89,22 +90,42 @@ pub(crate) enum Early {
 /// its own future instead of moving a whole pipeline future into it for every
 /// delivery; and the handler future borrows the scope, which borrows the
 /// delivery. `$unit` is a `&Unit`; `$handler` is `handle_send` or `handle`.
+///
+/// JQ-4 step 5: the delivery's job permit returns right before the handler.
+/// `$permit` is a [`HandOver`] (or, spelled out, `release:` returns it and
+/// `hand_over:` makes it an owned [`JobPermit`]): without middleware it is
+/// returned here, right before the handler is called; with middleware it
+/// travels through the stack and returns inside it, right before the
+/// handler, so a delivery a layer holds up (a concurrency limit) still
+/// counts in the job queue.
 macro_rules! invoke {
-    ($unit:expr, $delivery:expr, $handler:ident($body:expr)) => {{
+    ($unit:expr, $delivery:expr, $handler:ident($body:expr), $permit:expr) => {
+        $crate::pipeline::invoke!(
+            $unit,
+            $delivery,
+            $handler($body),
+            release: drop($permit),
+            hand_over: $crate::pipeline::HandOver::hand_over($permit, $unit.app.jobs())
+        )
+    };
+    ($unit:expr, $delivery:expr, $handler:ident($body:expr), release: $release:expr, hand_over: $hand_over:expr) => {{
         let unit = $unit;
         let delivery = $delivery;
         match &unit.service {
             // Out of line and boxed: without middleware, a loop's future
             // and code stay what they are.
             Some(service) => {
+                let permit = $hand_over;
                 ::std::boxed::Box::pin(unit.through_stack(
                     service,
                     delivery,
                     ::std::boxed::Box::new($body),
+                    permit,
                 ))
                 .await
             }
             None => {
+                $release;
                 // Not started (so not registered anywhere, and not even
                 // built: the token's wait registers with a `Notify` when
                 // made) unless something waits.
@@ -154,6 +175,26 @@ macro_rules! invoke {
     }};
 }
 pub(crate) use invoke;
+
+/// A delivery's job permit as [`invoke!`] hands it into a middleware stack:
+/// owned, so it can travel with the request to the handler.
+pub(crate) trait HandOver {
+    /// The permit, owning a reference to `jobs` (its own queue); `None` for
+    /// a delivery that holds none.
+    fn hand_over(self, jobs: &Arc<JobQueue>) -> Option<JobPermit>;
+}
+
+impl HandOver for BorrowedPermit<'_> {
+    fn hand_over(self, jobs: &Arc<JobQueue>) -> Option<JobPermit> {
+        Some(self.into_owned(jobs))
+    }
+}
+
+impl HandOver for Option<JobPermit> {
+    fn hand_over(self, _: &Arc<JobQueue>) -> Option<JobPermit> {
+        self
+    }
+}
 
 /// `work`, unless `aborted` resolves first: `work` is polled first, and
 /// `aborted` only while `work` is pending.

@@ -16,6 +16,7 @@ use super::{Caught, Unit, or_abort};
 use crate::binding::erased::ErasedBroker;
 use crate::binding::{Broker, Delivery};
 use crate::host::AppHandle;
+use crate::ingress::JobPermit;
 use crate::middleware::{HandlerService, Next, Request, SharedMiddleware};
 use crate::subscriber::{Outcome, Scope, SendSubscriber, Subscriber};
 use crate::tasks::FollowUps;
@@ -50,7 +51,10 @@ impl<S: SendSubscriber> Service<Request> for Handler<S> {
                 app,
                 broker,
                 follow_ups,
+                permit,
             } = request;
+            // JQ-4 step 5: the permit returns right before the handler.
+            drop(permit);
             let Ok(body) = body.downcast::<S::Body>() else {
                 return Err("a middleware replaced the request's body with another type".into());
             };
@@ -89,12 +93,16 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         service: &HandlerService,
         delivery: D,
         body: Box<dyn Any + Send>,
+        permit: Option<JobPermit>,
     ) {
         if self.traced {
             let span = self.span(delivery.envelope());
-            return self.stacked(service, delivery, body).instrument(span).await;
+            return self
+                .stacked(service, delivery, body, permit)
+                .instrument(span)
+                .await;
         }
-        self.stacked(service, delivery, body).await
+        self.stacked(service, delivery, body, permit).await
     }
 
     async fn stacked<D: Delivery>(
@@ -102,6 +110,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         service: &HandlerService,
         delivery: D,
         body: Box<dyn Any + Send>,
+        permit: Option<JobPermit>,
     ) {
         let mut aborted = pin!(self.abort.cancelled());
         let started = self.metrics.started();
@@ -111,6 +120,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 self.subscriber.name(),
                 delivery.envelope(),
                 body,
+                permit,
                 &self.app,
                 &self.broker
             ));
@@ -161,6 +171,7 @@ async fn call(
     handler: &'static str,
     envelope: &Envelope,
     body: Box<dyn Any + Send>,
+    permit: Option<JobPermit>,
     app: &AppHandle,
     broker: &dyn ErasedBroker,
 ) -> (Outcome, Arc<FollowUps>) {
@@ -172,6 +183,7 @@ async fn call(
         app: app.clone(),
         broker: broker.clone_arc(),
         follow_ups: Arc::clone(&follow_ups),
+        permit,
     };
     (Next::new(service.clone()).run(request).await, follow_ups)
 }
