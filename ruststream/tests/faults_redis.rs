@@ -272,6 +272,78 @@ async fn poison_entries_are_dead_lettered_and_their_neighbours_handled() {
     running.shutdown().await.unwrap();
 }
 
+/// JQ-13: a request whose entry no handler can be given (a field name that
+/// is not UTF-8, written with a raw client) gets a protocol error on its
+/// reply channel, with its correlation id, rather than waiting out its
+/// timeout; the entry is dead-lettered like any poison entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_before_the_handler_gets_a_protocol_error() {
+    use futures_util::StreamExt;
+    let server = OwnServer::redis().await;
+    let url = url(&server);
+    create_group(&url, "poison-request").await;
+    // The caller's side: a reply channel of the kind a requester listens on.
+    let reply_to = "_rs.inbox.test.1";
+    let mut caller = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    caller.subscribe(reply_to).await.unwrap();
+    let mut replies = caller.on_message();
+    let _: String = redis::cmd("XADD")
+        .arg("poison-request")
+        .arg("*")
+        .arg("p")
+        .arg(job("asks"))
+        .arg("r")
+        .arg(reply_to)
+        .arg("c")
+        .arg("corr-7")
+        .arg(b"h:\xff".as_slice())
+        .arg("v")
+        .query_async(&mut raw(&url).await)
+        .await
+        .unwrap();
+    let (seen_tx, _seen) = unbounded_channel();
+    let config = SubscriberConfig::new("poison-request")
+        .queue_group("workers")
+        .dead_letter("poison.dead");
+    let running = faults::start_app(broker(&url).await, config, seen_tx).await;
+    let reply = within(10, "the refusal on the reply channel", replies.next())
+        .await
+        .expect("the reply channel is open");
+    let frame = reply.get_payload_bytes();
+    let has = |text: &str| frame.windows(text.len()).any(|w| w == text.as_bytes());
+    assert!(
+        has("protocol-error"),
+        "a protocol error: {}",
+        frame.escape_ascii()
+    );
+    assert!(
+        has("is not valid UTF-8"),
+        "with the reason: {}",
+        frame.escape_ascii()
+    );
+    assert!(
+        has("corr-7"),
+        "and the request's correlation id: {}",
+        frame.escape_ascii()
+    );
+    let dead = within(10, "the dead letter", async {
+        loop {
+            let dead = dead_letters(&url).await;
+            if !dead.is_empty() {
+                return dead;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(dead.len(), 1);
+    running.shutdown().await.unwrap();
+}
+
 /// The dead-letter stream's entries, fields as bytes.
 async fn dead_letters(url: &str) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
     let reply: Value = redis::cmd("XRANGE")

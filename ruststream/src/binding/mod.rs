@@ -443,9 +443,21 @@ pub trait Requester: Broker {
 pub fn reply_result(reply: Envelope) -> Result<Envelope> {
     let error = || reply.headers().get(header::ERROR).unwrap_or("").to_owned();
     match reply.headers().get(header::STATUS) {
-        Some("protocol-error") => Err(Error::Protocol(error())),
+        Some(PROTOCOL_ERROR) => Err(Error::Protocol(error())),
         Some("handler-error") => Err(Error::Handler(error())),
         Some("structural-limit") => Err(Error::StructuralLimit(error())),
         _ => Ok(reply),
     }
 }
+
+/// The reply a request's caller gets when its request is refused before any
+/// handler, for the reason given: [`reply_result`] reads it as
+/// [`Error::Protocol`].
+pub(crate) fn protocol_error_reply(reason: &str) -> Message {
+    Message::new(bytes::Bytes::new())
+        .with_header(header::ERROR, reason)
+        .with_header(header::STATUS, PROTOCOL_ERROR)
+}
+
+/// The status a refused request's reply carries.
+pub(crate) const PROTOCOL_ERROR: &str = "protocol-error";

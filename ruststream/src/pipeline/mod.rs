@@ -446,8 +446,12 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             "payload refused before the handler"
         );
         let reason = err.to_string();
-        self.reply(&delivery, error_reply(&reason), Some("protocol-error"))
-            .await;
+        self.reply(
+            &delivery,
+            error_reply(&reason),
+            Some(crate::binding::PROTOCOL_ERROR),
+        )
+        .await;
         metrics::rejected(self.metrics.app(), &self.config.subject);
         self.settled(delivery.reject(&reason).await);
     }

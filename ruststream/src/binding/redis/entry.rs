@@ -88,6 +88,25 @@ impl Entry {
         ))
     }
 
+    /// The reply a caller waiting on this entry gets when it is refused
+    /// before any handler (JQ-13: a request's caller gets a protocol error,
+    /// not a timeout): its reply address and the message, if the entry
+    /// carries a readable reply address.
+    pub(crate) fn refusal_reply(&self, reason: &str) -> Option<(String, Message)> {
+        let field = |name: &str| {
+            self.fields
+                .iter()
+                .find(|(n, _)| n == name.as_bytes())
+                .and_then(|(_, value)| std::str::from_utf8(value).ok())
+        };
+        let reply_to = field(field::REPLY_TO)?.to_owned();
+        let mut message = crate::binding::protocol_error_reply(reason);
+        if let Some(id) = field(field::CORRELATION_ID) {
+            message = message.with_correlation_id(id.to_owned());
+        }
+        Some((reply_to, message))
+    }
+
     /// The message the entry carries (see [`malformed`](Self::malformed)
     /// first). A header, key, correlation id or reply address whose value
     /// is not UTF-8 is left out of the message, logged once and counted;

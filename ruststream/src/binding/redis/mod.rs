@@ -317,6 +317,18 @@ impl RedisBroker {
         cmd
     }
 
+    /// The command that sends `message` to `subject`: a reply goes to its
+    /// caller's inbox channel (`PUBLISH`), anything else to a stream.
+    fn send_command(&self, subject: &str, message: &Message) -> redis::Cmd {
+        if subject.starts_with(reply::PREFIX) {
+            let mut cmd = redis::cmd("PUBLISH");
+            cmd.arg(subject).arg(reply::encode(message).as_ref());
+            cmd
+        } else {
+            self.xadd(subject, message)
+        }
+    }
+
     /// The `XADD` of `message` to `stream`.
     fn xadd(&self, stream: &str, message: &Message) -> redis::Cmd {
         let mut cmd = self.xadd_to(stream);
@@ -373,14 +385,7 @@ impl Broker for RedisBroker {
         self.ensure_open()?;
         let deadline =
             deadline.unwrap_or_else(|| Instant::now() + self.inner.settings.publish_timeout);
-        // A reply goes to its caller's inbox channel, not to a stream.
-        let cmd = if subject.starts_with(reply::PREFIX) {
-            let mut cmd = redis::cmd("PUBLISH");
-            cmd.arg(subject).arg(reply::encode(&message).as_ref());
-            cmd
-        } else {
-            self.xadd(subject, &message)
-        };
+        let cmd = self.send_command(subject, &message);
         let mut conn = self.conn();
         match tokio::time::timeout_at(deadline, cmd.query_async::<redis::Value>(&mut conn)).await {
             Ok(Ok(_)) => Ok(()),

@@ -282,7 +282,8 @@ impl RedisSubscription {
     }
 
     /// Entries no handler can be given (malformed input never reaches a
-    /// handler): each is copied as it is,
+    /// handler): a waiting caller gets a protocol error, and each is copied
+    /// as it is,
     /// with the reason, its id, the original subject and the attempt, to the
     /// dead-letter stream (or dropped with a warning without one), and
     /// acked — all in one `MULTI`. If that fails the entries stay pending
@@ -314,6 +315,10 @@ impl RedisSubscription {
                     .arg(header(header::ORIGINAL_ID))
                     .arg(&entry.id);
                 pipe.add_command(copy).ignore();
+            }
+            if let Some((reply_to, reply)) = entry.refusal_reply(&reason) {
+                pipe.add_command(shared.broker.send_command(&reply_to, &reply))
+                    .ignore();
             }
             ids.push(entry.id);
         }
