@@ -183,3 +183,70 @@ async fn an_address_in_use_is_a_startup_error_that_names_it() {
         "{err}"
     );
 }
+
+#[subscriber("endpoints.quotes")]
+async fn quote(id: u64, ctx: Ctx) -> Result<u64, HandlerError> {
+    ctx.publish("endpoints.quoted", &id).await?;
+    Ok(id * 2)
+}
+
+/// The app that serves `/metrics` (the first one in the process, which
+/// installs the recorder) reports what it registers and times while it is
+/// built: its own sends (a handler's publish and reply), its job gauges.
+/// Timings are histograms with buckets, as the metrics table says.
+#[tokio::test]
+async fn the_serving_app_times_its_own_sends_in_histograms_and_reports_its_job_gauges() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .name("shop")
+        .broker(broker.clone())
+        .subscriber(quote)
+        .serve_metrics(([127, 0, 0, 1], 0))
+        .start()
+        .await
+        .unwrap();
+    let addr = running.metrics_addr().expect("served");
+    let doubled: u64 = within(
+        5,
+        "the reply",
+        Publisher::new(broker).request(
+            "endpoints.quotes",
+            &21u64,
+            std::time::Duration::from_secs(5),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(doubled, 42);
+    let sends = |operation: &str| {
+        format!(
+            "ruststream_publish_duration_seconds_count{{app=\"shop\",binding=\"memory\",operation=\"{operation}\",outcome=\"ok\"}}"
+        )
+    };
+    let wanted = [
+        sends("publish"),
+        sends("reply"),
+        "ruststream_jobs_in_use{app=\"shop\"}".to_owned(),
+        "ruststream_job_waiters{app=\"shop\"}".to_owned(),
+        "# TYPE ruststream_handler_duration_seconds histogram".to_owned(),
+        "# TYPE ruststream_publish_duration_seconds histogram".to_owned(),
+        "ruststream_handler_duration_seconds_bucket{".to_owned(),
+    ];
+    let mut body = String::new();
+    for _ in 0..200 {
+        body = get(addr, "/metrics").await.1;
+        if wanted.iter().all(|w| body.contains(w.as_str())) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let missing: Vec<&String> = wanted
+        .iter()
+        .filter(|w| !body.contains(w.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "missing from /metrics: {missing:?}\n{body}"
+    );
+    running.shutdown().await.unwrap();
+}

@@ -28,16 +28,37 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// serves `/metrics`; `None` when another recorder was installed first.
 static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
+/// Bucket bounds of every timing histogram, in seconds: from half a
+/// millisecond (an in-process handler or send) to ten seconds.
+const BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
 fn recorder() -> Option<&'static PrometheusHandle> {
     RECORDER
-        .get_or_init(|| match PrometheusBuilder::new().install_recorder() {
+        .get_or_init(|| {
+            // Histograms with buckets, as Prometheus expects them (without
+            // buckets the exporter renders summaries).
+            let builder = PrometheusBuilder::new()
+                .set_buckets(BUCKETS)
+                .expect("the bucket list is not empty");
+            match builder.install_recorder() {
             Ok(handle) => Some(handle),
             Err(err) => {
                 tracing::warn!(error = %err, "another metrics recorder is installed: /metrics serves nothing");
                 None
             }
+            }
         })
         .as_ref()
+}
+
+/// Installs the recorder and turns timings on: before anything of the app
+/// that serves is built, so what it registers and times at construction
+/// (its job gauges, its send timings) reaches the recorder too.
+pub(crate) fn prepare() {
+    recorder();
+    crate::metrics::record_handler_timings();
 }
 
 /// Whether the app is ready: set once every subscription started, cleared
@@ -64,8 +85,7 @@ impl Endpoints {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|err| Error::Config(format!("cannot serve metrics on {addr}: {err}")))?;
-        recorder();
-        crate::metrics::record_handler_timings();
+        prepare();
         if let Ok(local) = listener.local_addr() {
             tracing::info!(%local, "serving /metrics, /health and /ready");
         }

@@ -418,6 +418,10 @@ impl<B: Broker> App<B> {
         if let Some(mistake) = self.mistakes.into_iter().next() {
             return Err(mistake);
         }
+        #[cfg(feature = "prometheus")]
+        if self.endpoints.is_some() {
+            endpoints::prepare();
+        }
         let app = AppHandle::new(
             &self.name,
             self.state,
