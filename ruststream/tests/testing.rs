@@ -95,6 +95,21 @@ async fn a_retry_the_handler_asked_for_is_recorded_and_nothing_is_sent() {
     assert_eq!(test.and_after_count(), 0);
 }
 
+/// Nothing answers a request made from a `TestCtx`: it fails at once with
+/// `NoResponders`, as a request nobody subscribes to does.
+#[tokio::test]
+async fn a_request_from_a_test_context_has_no_responders() {
+    let test = TestCtx::new("orders.paid").build();
+    let asked = test
+        .ctx()
+        .request::<u64, u64>("prices", &1, Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(asked, Err(ruststream::Error::NoResponders(_))),
+        "{asked:?}"
+    );
+}
+
 #[tokio::test]
 #[should_panic(expected = "a message sent to `shipments` is not a `u64`")]
 async fn a_wrong_expectation_fails_and_prints_what_was_sent() {
@@ -191,6 +206,37 @@ mod app {
             "handler failed at attempt 3: ledger unavailable"
         );
         assert!(test.published("invoices.booked").is_empty());
+        test.shutdown().await.unwrap();
+    }
+
+    #[subscriber("refunds", dead_letter = "money.dead")]
+    async fn refund(_amount: i64) -> Result<(), HandlerError> {
+        Err(HandlerError::reject("refunds are closed"))
+    }
+
+    #[subscriber("payouts", dead_letter = "money.dead")]
+    async fn payout(_amount: i64) -> Result<(), HandlerError> {
+        Err(HandlerError::reject("payouts are closed"))
+    }
+
+    /// Two subscribers sharing a dead-letter subject: each message given
+    /// up on is listed once, under the subject it came from.
+    #[tokio::test]
+    async fn a_shared_dead_letter_subject_lists_each_dead_letter_once() {
+        let app = App::new()
+            .broker(MemoryBroker::new())
+            .subscriber(refund)
+            .subscriber(payout);
+        let test = TestApp::start(app).await.unwrap();
+        test.publish("refunds", &5).await.unwrap();
+        test.settle().await;
+        let reasons: Vec<String> = test
+            .dead_lettered("refunds")
+            .into_iter()
+            .map(|dead| dead.reason)
+            .collect();
+        assert_eq!(reasons, ["handler failed at attempt 1: refunds are closed"]);
+        assert!(test.dead_lettered("payouts").is_empty());
         test.shutdown().await.unwrap();
     }
 

@@ -149,17 +149,20 @@ impl<B> App<B> {
 
     /// The same app on `broker` alone: every subscriber rebound to it, every
     /// registered broker replaced by it (`TestApp`). Also returns the dead
-    /// letter subjects of the subscribers, to watch.
+    /// letter subjects of the subscribers, to watch: each once, however
+    /// many subscribers share it.
     #[cfg(feature = "testing")]
     pub(crate) fn on_memory(
         mut self,
         broker: crate::MemoryBroker,
     ) -> (App<crate::MemoryBroker>, Vec<crate::Text>) {
-        let dead_letters = self
+        let mut dead_letters: Vec<crate::Text> = self
             .units
             .iter()
             .filter_map(|unit| unit.config().dead_letter.clone())
             .collect();
+        dead_letters.sort_unstable();
+        dead_letters.dedup();
         let units = std::mem::take(&mut self.units)
             .into_iter()
             .map(|unit| unit.rebind(broker.clone()))

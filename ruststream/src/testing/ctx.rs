@@ -118,7 +118,8 @@ impl TestCtxBuilder {
 /// did with it: the messages it published (through `ctx.publish`,
 /// `ctx.request` or a publisher from `ctx.publisher::<MemoryBroker>()`), the
 /// retry it asked for, the follow-ups it scheduled. Nothing answers a
-/// `ctx.request` here: it times out.
+/// `ctx.request` here: it fails at once with
+/// [`Error::NoResponders`](crate::Error::NoResponders).
 pub struct TestCtx {
     envelope: Envelope,
     app: AppHandle,
