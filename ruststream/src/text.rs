@@ -220,16 +220,29 @@ pub(crate) fn last_segment(path: &str) -> &str {
     path.rsplit("::").next().unwrap_or(path)
 }
 
-/// Whether `path` (a handler's full name) is what `wanted` names: the whole
-/// path or its last segment.
+/// Whether `path` (a handler's full name, from its crate down) is what
+/// `wanted` names: the whole path or its last segments (`confirm`,
+/// `billing::confirm` for `shop::billing::confirm`).
 #[cfg_attr(not(any(feature = "config", feature = "testing")), allow(dead_code))]
 pub(crate) fn names(path: &str, wanted: &str) -> bool {
-    path == wanted || last_segment(path) == wanted
+    path.strip_suffix(wanted)
+        .is_some_and(|before| before.is_empty() || before.ends_with("::"))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{ARENA_CHUNK, Part, TextArena};
+    use super::{ARENA_CHUNK, Part, TextArena, names};
+
+    #[test]
+    fn a_handler_is_named_by_its_path_or_its_last_segments() {
+        let path = "shop::billing::confirm";
+        for wanted in [path, "billing::confirm", "confirm"] {
+            assert!(names(path, wanted), "{wanted}");
+        }
+        for wanted in ["firm", "ing::confirm", "", "shop::billing", "x::confirm"] {
+            assert!(!names(path, wanted), "{wanted}");
+        }
+    }
 
     #[test]
     fn arena_texts_keep_their_contents_across_chunks() {

@@ -435,3 +435,55 @@ async fn a_text_setting_that_looks_like_a_number_stays_text() {
     assert_eq!(queue.queue_group.as_deref(), Some("007"), "kept as written");
     running.shutdown().await.unwrap();
 }
+
+mod billing {
+    use ruststream::prelude::*;
+
+    #[subscriber("billing.confirm")]
+    pub async fn confirm(_b: Bytes) {}
+}
+
+mod shipping {
+    use ruststream::prelude::*;
+
+    #[subscriber("shipping.confirm")]
+    pub async fn confirm(_b: Bytes) {}
+}
+
+/// Two handlers named alike: the bare name is refused as ambiguous, and
+/// the module path tells them apart (`billing::confirm`, without the
+/// crate name); a setting the handler cannot take names its key and file.
+#[tokio::test]
+async fn a_module_path_tells_apart_handlers_of_one_name() {
+    let app = |settings: &Settings| {
+        App::new()
+            .broker(MemoryBroker::new())
+            .subscriber(billing::confirm)
+            .subscriber(shipping::confirm)
+            .settings(settings)
+    };
+    let bare = file("bare.toml", "[subscribers.confirm]\nmax_attempts = 2\n");
+    let settings = Settings::from_sources(Some(&bare), NO_VARS).unwrap();
+    let err = app(&settings).check().await.unwrap_err().to_string();
+    assert!(err.contains("names several subscribers"), "{err}");
+
+    let pathed = file(
+        "pathed.toml",
+        "[subscribers.\"billing::confirm\"]\nmax_pending = 4\n",
+    );
+    let settings = Settings::from_sources(Some(&pathed), NO_VARS).unwrap();
+    let err = app(&settings).check().await.unwrap_err().to_string();
+    assert!(
+        err.contains("`subscribers.billing::confirm.max_pending` in file")
+            && err.contains("pathed.toml")
+            && err.contains("workers(n, by_key)"),
+        "the key, its file and why: {err}"
+    );
+
+    let fine = file(
+        "fine.toml",
+        "[subscribers.\"billing::confirm\"]\nworkers = 2\n",
+    );
+    let settings = Settings::from_sources(Some(&fine), NO_VARS).unwrap();
+    app(&settings).check().await.unwrap();
+}

@@ -182,6 +182,14 @@ impl SubscriberOverrides {
         if self.workers.is_some() && self.threads.is_some() {
             return Some((None, "set `workers` or `threads`, not both"));
         }
+        // The mode the settings leave it in (they may change it).
+        let mode = self.apply(code.clone()).mode;
+        if self.max_pending.is_some() && !matches!(mode, Mode::Workers { by_key: true, .. }) {
+            return Some((
+                Some("max_pending"),
+                "bounds the owner FIFOs of `workers(n, by_key)` only: this subscriber has none",
+            ));
+        }
         let batch_key = match (self.batch_max, self.batch_wait) {
             (Some(_), _) => "batch_max",
             (None, Some(_)) => "batch_wait",
