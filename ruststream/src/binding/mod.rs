@@ -460,4 +460,4 @@ pub(crate) fn protocol_error_reply(reason: &str) -> Message {
 }
 
 /// The status a refused request's reply carries.
-pub(crate) const PROTOCOL_ERROR: &str = "protocol-error";
+const PROTOCOL_ERROR: &str = "protocol-error";

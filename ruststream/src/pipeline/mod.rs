@@ -446,12 +446,9 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             "payload refused before the handler"
         );
         let reason = err.to_string();
-        self.reply(
-            &delivery,
-            error_reply(&reason),
-            Some(crate::binding::PROTOCOL_ERROR),
-        )
-        .await;
+        // The reply carries its status already.
+        let reply = crate::binding::protocol_error_reply(&reason);
+        self.reply(&delivery, reply, None).await;
         metrics::rejected(self.metrics.app(), &self.config.subject);
         self.settled(delivery.reject(&reason).await);
     }
