@@ -543,6 +543,11 @@ async fn rt8_retry_after_republishes_until_max_attempts_then_dead_letters() {
         .await
         .unwrap();
     assert_eq!(dead.envelope().payload(), "job".as_bytes());
+    assert_eq!(
+        dead.envelope().headers().get(header::ATTEMPT),
+        Some("3"),
+        "the dead-letter copy names the attempt it was given up at, retries counted"
+    );
     running.shutdown().await.unwrap();
     assert_eq!(*QUICK_SEEN.lock().unwrap(), [1, 2, 3]);
 }

@@ -159,7 +159,7 @@ impl Delivery for KafkaDelivery {
             .clone()
             .with_header(header::ORIGINAL_SUBJECT, self.env.subject().clone())
             .with_header(header::ERROR, reason)
-            .with_header(header::ATTEMPT, self.env.attempt().to_string())
+            .with_header(header::ATTEMPT, self.env.total_attempt().to_string())
             .with_header(ORIGINAL_PARTITION, partition.to_string())
             .with_header(ORIGINAL_OFFSET, offset.to_string())
             .with_header(header::ORIGINAL_ID, format!("{topic}/{partition}/{offset}"));

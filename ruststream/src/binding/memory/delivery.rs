@@ -234,7 +234,7 @@ impl Delivery for MemoryDelivery {
             );
             return Ok(());
         };
-        let attempt = env.attempt();
+        let attempt = env.total_attempt();
         let subject = env.subject().clone();
         let message: Message = env.clone().into_message();
         let message = message

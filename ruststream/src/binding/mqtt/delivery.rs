@@ -115,7 +115,7 @@ impl Delivery for MqttDelivery {
                         self.env.subject().as_str().to_owned(),
                     ),
                     (header::ERROR, reason.to_owned()),
-                    (header::ATTEMPT, self.env.attempt().to_string()),
+                    (header::ATTEMPT, self.env.total_attempt().to_string()),
                 ];
                 self.shared
                     .broker

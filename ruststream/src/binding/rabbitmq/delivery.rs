@@ -226,7 +226,7 @@ impl Delivery for RabbitDelivery {
                         self.env.subject().as_str().to_owned(),
                     ),
                     (header::ERROR, reason.to_owned()),
-                    (header::ATTEMPT, self.env.attempt().to_string()),
+                    (header::ATTEMPT, self.env.total_attempt().to_string()),
                 ];
                 let properties = super::properties(self.env.message(), &extra);
                 if let Err(err) = shared

@@ -458,7 +458,7 @@ impl Delivery for RedisDelivery {
         pipe.atomic();
         match &shared.dead_letter {
             Some(dead_letter) => {
-                let attempt = self.env.attempt();
+                let attempt = self.env.total_attempt();
                 let message = self
                     .env
                     .message()
