@@ -341,6 +341,55 @@ fn text(env: &Envelope) -> String {
     String::from_utf8_lossy(env.payload()).into_owned()
 }
 
+// ------------------------------------------------- retried requests on core
+
+#[ruststream::subscriber("rs.core.flaky.quote", queue_group = "flaky", max_attempts = 3)]
+async fn flaky_quote(n: u64, ctx: ruststream::Ctx) -> Result<u64, ruststream::HandlerError> {
+    if ctx.attempt() == 1 {
+        return Err(ruststream::HandlerError::retry("transient"));
+    }
+    Ok(n * 10)
+}
+
+#[ruststream::subscriber("rs.core.failing.quote", queue_group = "failing", max_attempts = 2)]
+async fn failing_quote(_n: u64) -> Result<u64, ruststream::HandlerError> {
+    Err(ruststream::HandlerError::retry("down"))
+}
+
+/// A request whose handler fails and is retried on core NATS keeps its
+/// reply address: the retry's answer reaches the caller, and a handler
+/// that gives up answers with `Error::Handler`, not a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_core_request_gets_its_reply() {
+    let running = App::new()
+        .broker(nats().await)
+        .subscriber(flaky_quote)
+        .subscriber(failing_quote)
+        .start()
+        .await
+        .unwrap();
+    let caller = ruststream::Publisher::new(nats().await);
+    let quoted: u64 = within(
+        10,
+        "the retried request's reply",
+        caller.request("rs.core.flaky.quote", &4u64, Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(quoted, 40);
+    let failed = within(
+        10,
+        "the failure reply",
+        caller.request::<u64, u64>("rs.core.failing.quote", &4, Duration::from_secs(5)),
+    )
+    .await;
+    match failed {
+        Err(Error::Handler(why)) => assert!(why.contains("down"), "{why}"),
+        other => panic!("expected the handler's failure, got {other:?}"),
+    }
+    running.shutdown().await.unwrap();
+}
+
 // ------------------------------------------------------------- retry_after
 
 /// RT-8 on JetStream: `retry_after` is a nak with delay, held by the

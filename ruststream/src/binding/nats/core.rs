@@ -189,7 +189,8 @@ impl Delivery for NatsDelivery {
         Ok(())
     }
 
-    /// Sends the message back to this subscription (only) with attempt + 1.
+    /// Sends the message back to this subscription (only) with attempt + 1,
+    /// with its reply address: a request's retry answers the caller.
     async fn nack(self) -> Result<()> {
         let attempt = self.env.attempt() + 1;
         let subject = self.env.subject().clone();
@@ -203,7 +204,7 @@ impl Delivery for NatsDelivery {
         shared.waker.wake();
         let sent = shared
             .broker
-            .publish_message(&shared.redeliver_to, without_reply(message), None)
+            .publish_message(&shared.redeliver_to, message, None)
             .await;
         if sent.is_err() {
             shared.redeliveries.fetch_sub(1, Ordering::AcqRel);
@@ -232,8 +233,8 @@ impl Delivery for NatsDelivery {
     }
 }
 
-/// A redelivered or dead-lettered copy answers nobody: a request's reply
-/// address stays with the first delivery.
+/// A dead-lettered copy answers nobody: the request it was has had its
+/// failure reply.
 fn without_reply(message: Message) -> Message {
     let mut out = Message::new(message.payload().clone()).with_headers(message.headers().clone());
     if let Some(key) = message.key() {
