@@ -413,6 +413,21 @@ async fn accept_layers_can_reject_before_the_handler() {
         .await
         .unwrap();
     within(5, "accepted message handled", LAYERED_HANDLED.notified()).await;
+    // A request the layer rejects hears why at once, as `Error::Handler`.
+    let asked = within(
+        5,
+        "the rejection's reply",
+        broker.request_message(
+            "layered",
+            Message::new("no tenant"),
+            Duration::from_secs(30),
+        ),
+    )
+    .await;
+    match asked {
+        Err(Error::Handler(why)) => assert_eq!(why, "missing tenant"),
+        other => panic!("expected the layer's reason, got {other:?}"),
+    }
     running.shutdown().await.unwrap();
     assert_eq!(LAYERED_CALLS.load(Ordering::SeqCst), 1);
 }

@@ -312,6 +312,10 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             }
             Early::Layer(Verdict::Reject(reason)) => {
                 tracing::warn!(subject = %delivery.envelope().subject(), reason, dead_letter = self.dead_letter(), "an accept layer rejected the message");
+                // A request's caller hears why, rather than waiting out
+                // its timeout.
+                self.reply(&delivery, error_reply(&reason), Some("handler-error"))
+                    .await;
                 self.handled(Handled::DeadLettered);
                 metrics::rejected(self.metrics.app(), &self.config.subject);
                 self.settled(delivery.reject(&reason).await);
