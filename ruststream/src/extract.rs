@@ -44,7 +44,10 @@ use bytes::Bytes;
 
 use crate::ctx::CtxRuntime;
 use crate::subscriber::{Scope, StateKey};
-use crate::{Ctx, HandlerError, Headers, State, Text};
+use crate::{HandlerError, Text};
+
+/// Every extractor in one place: the ones that live at the crate root too.
+pub use crate::{Ctx, Headers, State};
 
 /// A handler argument taken from the delivery or the app, not decoded from
 /// the payload.
