@@ -24,11 +24,13 @@
 //! receive lives where several connections meet: in the binding's
 //! receive queue (the memory Core reads its per-peer lanes in rounds).
 
+mod permit;
 mod permits;
 mod pressure;
 mod settings;
 
-pub(crate) use permits::{BorrowedPermit, Permits};
-pub use permits::{JobPermit, JobQueue, ReceiveFlow, SourceRegistration};
+pub use permit::JobPermit;
+pub(crate) use permit::{BorrowedPermit, Permits};
+pub use permits::{JobQueue, ReceiveFlow, SourceRegistration};
 pub use pressure::{Pressure, PressureState, Thresholds};
 pub use settings::{JobQueueProfile, JobQueueSettings};

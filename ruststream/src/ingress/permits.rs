@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::permit::{BorrowedPermit, JobPermit, Permits};
 use super::pressure::{Pressure, PressureState, Thresholds};
 use super::settings::JobQueueSettings;
 use crate::metrics;
@@ -20,114 +21,6 @@ const PAUSED: usize = 1 << (usize::BITS - 1);
 pub trait ReceiveFlow: Send + Sync + 'static {
     /// Stops (`true`) or resumes (`false`) receiving.
     fn set_paused(&self, paused: bool);
-}
-
-/// One permit: a reserved supply slot or a queued job. It travels with
-/// its record and is returned exactly once, when dropped: right
-/// before the handler body starts, after bounded processing of a control or
-/// malformed record, or on cancellation and shutdown.
-#[must_use = "a permit is returned when dropped"]
-pub struct JobPermit {
-    queue: Arc<JobQueue>,
-}
-
-/// A [`JobPermit`] that borrows its queue, for a loop that keeps the queue
-/// alive itself (the default loop): the same permit without the reference
-/// count it would take and drop for every delivery.
-#[must_use = "a permit is returned when dropped"]
-pub(crate) struct BorrowedPermit<'a>(&'a JobQueue);
-
-impl Drop for BorrowedPermit<'_> {
-    fn drop(&mut self) {
-        self.0.release();
-    }
-}
-
-impl BorrowedPermit<'_> {
-    /// The same permit as one that owns a reference to `queue` (its own
-    /// queue), for a delivery whose permit travels on into a middleware
-    /// stack: nothing is released or taken on the way.
-    pub(crate) fn into_owned(self, queue: &Arc<JobQueue>) -> JobPermit {
-        debug_assert!(std::ptr::eq(self.0, &**queue), "a permit of another queue");
-        std::mem::forget(self);
-        JobPermit {
-            queue: Arc::clone(queue),
-        }
-    }
-}
-
-/// Permits of a batch of records, counted rather than one value each: one
-/// atomic update takes or returns them all. Borrows its queue, like
-/// [`BorrowedPermit`]; what it still holds returns when it is dropped.
-#[must_use = "permits are returned when dropped"]
-pub(crate) struct Permits<'a> {
-    queue: &'a JobQueue,
-    n: usize,
-}
-
-impl<'a> Permits<'a> {
-    /// How many it holds.
-    pub(crate) fn len(&self) -> usize {
-        self.n
-    }
-
-    /// Whether it holds none.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-
-    /// Takes over a single permit.
-    pub(crate) fn adopt(&mut self, permit: BorrowedPermit<'a>) {
-        std::mem::forget(permit);
-        self.n += 1;
-    }
-
-    /// Takes over every permit of `other`.
-    pub(crate) fn merge(&mut self, mut other: Permits<'a>) {
-        self.n += std::mem::take(&mut other.n);
-    }
-
-    /// One of the permits, split off as one that owns a reference to
-    /// `queue` (their own queue): nothing is released or taken on the way.
-    pub(crate) fn split_one(&mut self, queue: &Arc<JobQueue>) -> JobPermit {
-        debug_assert!(
-            std::ptr::eq(self.queue, &**queue),
-            "permits of another queue"
-        );
-        assert!(self.n > 0, "no permit to split off");
-        self.n -= 1;
-        JobPermit {
-            queue: Arc::clone(queue),
-        }
-    }
-
-    /// Returns all but `keep`.
-    pub(crate) fn truncate(&mut self, keep: usize) {
-        if keep < self.n {
-            self.queue.release_n(self.n - keep);
-            self.n = keep;
-        }
-    }
-}
-
-impl Drop for Permits<'_> {
-    fn drop(&mut self) {
-        if self.n > 0 {
-            self.queue.release_n(self.n);
-        }
-    }
-}
-
-impl std::fmt::Debug for JobPermit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("JobPermit")
-    }
-}
-
-impl Drop for JobPermit {
-    fn drop(&mut self) {
-        self.queue.release();
-    }
 }
 
 struct Source {
@@ -417,12 +310,12 @@ impl JobQueue {
     }
 
     #[inline]
-    fn release(&self) {
+    pub(super) fn release(&self) {
         self.release_n(1);
     }
 
     #[inline]
-    fn release_n(&self, n: usize) {
+    pub(super) fn release_n(&self, n: usize) {
         let word = self.in_use.fetch_sub(n, Ordering::AcqRel) - n;
         let in_use = word & !PAUSED;
         if self.waiters.load(Ordering::SeqCst) == 0 {
