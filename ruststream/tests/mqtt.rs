@@ -23,7 +23,7 @@ use ruststream::ingress::JobQueueSettings;
 use ruststream::mqtt::{MqttBroker, MqttBrokerBuilder, QoS};
 use ruststream::subscriber::{Outcome, Scope, SendSubscriber, Subscriber, SubscriberConfig};
 use ruststream::{
-    App, BoxError, Broker, Delivery, HandlerError, Json, Message, Requester, Result,
+    App, BoxError, Broker, Configure, Delivery, HandlerError, Json, Message, Requester, Result,
     SubscribeOptions, Subscription, header,
 };
 use tokio::sync::Semaphore;
@@ -289,6 +289,53 @@ async fn an_app_answers_requests_on_the_response_topic() {
     }
     running.shutdown().await.unwrap();
     caller.close().await.unwrap();
+    mqtt.close().await.unwrap();
+}
+
+#[ruststream::subscriber("placeholder", max_attempts = 3)]
+async fn flaky_quote(n: u64, ctx: ruststream::Ctx) -> Result<u64, ruststream::HandlerError> {
+    if n == 0 {
+        return Err(ruststream::HandlerError::retry("down for good"));
+    }
+    if ctx.attempt() == 1 {
+        return Err(ruststream::HandlerError::retry("transient"));
+    }
+    Ok(n * 10)
+}
+
+/// A request whose handler fails is retried with its response topic: the
+/// retry's answer reaches the caller, and a handler that gives up answers
+/// with `Error::Handler`, not a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_request_answers_its_caller() {
+    let topic = unique("rs/flaky/");
+    let mqtt = mqtt().await;
+    let running = App::new()
+        .broker(mqtt.clone())
+        .subscriber(flaky_quote.configure(|c| c.on_subject(topic.as_str())))
+        .start()
+        .await
+        .unwrap();
+    let caller = ruststream::Publisher::new(connect(builder()).await);
+    let quoted: u64 = within(
+        10,
+        "the retried request's reply",
+        caller.request(&topic, &4u64, Duration::from_secs(8)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(quoted, 40);
+    let failed = within(
+        10,
+        "the failure reply",
+        caller.request::<u64, u64>(&topic, &0, Duration::from_secs(8)),
+    )
+    .await;
+    match failed {
+        Err(ruststream::Error::Handler(why)) => assert!(why.contains("down for good"), "{why}"),
+        other => panic!("expected the handler's failure, got {other:?}"),
+    }
+    running.shutdown().await.unwrap();
     mqtt.close().await.unwrap();
 }
 

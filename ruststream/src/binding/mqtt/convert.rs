@@ -80,8 +80,8 @@ pub(super) fn envelope(publish: Publish, copy: bool, last: &mut Option<Text>) ->
     Envelope::new(subject, message).with_attempt(attempt + u32::from(dup))
 }
 
-/// A redelivered or dead-lettered copy answers nobody: a request's reply
-/// address stays with the first delivery.
+/// A dead-lettered copy answers nobody: the request it was has had its
+/// failure reply.
 pub(super) fn without_reply(message: &Message) -> Message {
     let mut out = Message::new(message.payload().clone()).with_headers(message.headers().clone());
     if let Some(key) = message.key() {

@@ -55,9 +55,10 @@ impl MqttDelivery {
     }
 }
 
-/// Publishes the redelivery copy of `env` to `shared`'s retry topic.
+/// Publishes the redelivery copy of `env` to `shared`'s retry topic, with
+/// its reply address: a request's retry answers the caller.
 async fn redeliver(shared: &Shared, env: &Envelope) -> Result<()> {
-    let message = convert::without_reply(env.message());
+    let message = env.message();
     let extra = [
         (REDELIVERY, (env.attempt() + 1).to_string()),
         (header::ORIGINAL_SUBJECT, env.subject().as_str().to_owned()),
@@ -66,7 +67,7 @@ async fn redeliver(shared: &Shared, env: &Envelope) -> Result<()> {
         .broker
         .publish_raw(
             &shared.retry_topic,
-            &message,
+            message,
             &extra,
             QoS::AtLeastOnce,
             false,
