@@ -292,6 +292,25 @@ async fn an_app_answers_requests_on_the_response_topic() {
     mqtt.close().await.unwrap();
 }
 
+/// A broker that is down at start is a transport error that names the
+/// address it tried.
+#[tokio::test]
+async fn connecting_to_a_broker_that_is_down_names_the_address() {
+    let refused = within(
+        15,
+        "the connect error",
+        MqttBroker::connect("mqtt://127.0.0.1:1"),
+    )
+    .await;
+    match refused {
+        Err(ruststream::Error::Transport(err)) => {
+            assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+        }
+        Err(other) => panic!("expected a transport error, got {other}"),
+        Ok(_) => panic!("nothing listens on port 1"),
+    }
+}
+
 #[ruststream::subscriber("placeholder", max_attempts = 3)]
 async fn flaky_quote(n: u64, ctx: ruststream::Ctx) -> Result<u64, ruststream::HandlerError> {
     if n == 0 {

@@ -55,6 +55,28 @@ impl Harness for Rabbit {
     }
 }
 
+/// A broker that is down at start is a transport error at once, naming
+/// the address without its password (the client alone would retry the
+/// connection for minutes).
+#[tokio::test]
+async fn connecting_to_a_broker_that_is_down_fails_at_once() {
+    let refused = within(
+        15,
+        "the connect error",
+        RabbitBroker::connect("amqp://guest:s3cret@127.0.0.1:1/%2f"),
+    )
+    .await;
+    match refused {
+        Err(ruststream::Error::Transport(err)) => {
+            let err = err.to_string();
+            assert!(err.contains("amqp://guest:***@127.0.0.1:1/%2f"), "{err}");
+            assert!(!err.contains("s3cret"), "the password stays out: {err}");
+        }
+        Err(other) => panic!("expected a transport error, got {other}"),
+        Ok(_) => panic!("nothing listens on port 1"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_conforms() {
     let report = conformance::run(&Rabbit).await;

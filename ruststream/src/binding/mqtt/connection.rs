@@ -131,6 +131,7 @@ impl Connection {
             backoff,
             label,
         } = settings;
+        let (host, port) = options.broker_address();
         let (client, mut eventloop) = AsyncClient::new(options, capacity.max(1));
         let session_present = loop {
             match eventloop.poll().await {
@@ -138,7 +139,10 @@ impl Connection {
                 Ok(_) => continue,
                 Err(err) => {
                     return Err(Error::Transport(
-                        format!("cannot connect to the MQTT broker ({label}): {err}").into(),
+                        format!(
+                            "cannot connect to the MQTT broker at {host}:{port} ({label}): {err}"
+                        )
+                        .into(),
                     ));
                 }
             }

@@ -111,16 +111,21 @@ impl RabbitBrokerBuilder {
     /// `amqp://guest:guest@127.0.0.1:5672/%2f`), declares the exchange and
     /// opens the publishing channel with confirms.
     pub async fn connect(self, url: &str) -> Result<RabbitBroker> {
-        let unreachable = |err: lapin::Error| {
-            Error::Transport(format!("cannot connect to RabbitMQ at {url}: {err}").into())
+        let shown = without_password(url);
+        let unreachable = |err: &dyn std::fmt::Display| {
+            Error::Transport(format!("cannot connect to RabbitMQ at {shown}: {err}").into())
         };
+        // The client's own connect retries a refused connection for minutes
+        // (the backoff that lets a running app ride out a broker restart):
+        // a broker that is down at start is an error at once.
+        reachable(url).await.map_err(|err| unreachable(&err))?;
         let open = |name: String| async move {
             let properties = ConnectionProperties::default()
                 .with_connection_name(name.into())
                 .enable_auto_recover();
             let conn = Connection::connect(url, properties)
                 .await
-                .map_err(unreachable)?;
+                .map_err(|err| unreachable(&err))?;
             watch_connection(&conn);
             Ok::<_, Error>(conn)
         };
@@ -181,4 +186,55 @@ fn watch_connection(conn: &Connection) {
             crate::metrics::connection_event("rabbitmq", name);
         }
     });
+}
+
+/// How long the first TCP connect to the broker may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether the broker at `url` takes a TCP connection, tried once.
+async fn reachable(url: &str) -> std::io::Result<()> {
+    let uri: lapin::uri::AMQPUri = url
+        .parse()
+        .map_err(|err: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, err))?;
+    let address = (uri.authority.host.as_str(), uri.authority.port);
+    match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
+        Ok(connected) => connected.map(drop),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no TCP connection within {CONNECT_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// `url` with its password left out, for errors and logs.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority = rest.split('/').next().unwrap_or(rest);
+    match authority.rsplit_once('@') {
+        Some((userinfo, _)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{}", &rest[userinfo.len() + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn a_url_is_shown_without_its_password() {
+        assert_eq!(
+            without_password("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(
+            without_password("amqp://127.0.0.1:5672"),
+            "amqp://127.0.0.1:5672"
+        );
+        assert_eq!(without_password("amqp://svc@host/vh"), "amqp://svc@host/vh");
+    }
 }
