@@ -14,7 +14,7 @@ use proc_macro::TokenStream;
 ///
 /// Arguments: `flavor = "multi_thread"` (default) or `"current_thread"`,
 /// `worker_threads = n` (multi-thread only), and `shutdown_timeout = "30s"`
-/// (bounds the graceful shutdown of an `App` returned by `main`). `main` may return `()`,
+/// (bounds the graceful shutdown of every `App` the binary builds). `main` may return `()`,
 /// `Result<(), E>`, or `Result<App<B>, E>`: an app is run until SIGINT/SIGTERM
 /// and then shut down gracefully. It takes no argument, or one:
 /// `settings: ruststream::settings::Settings` (feature `config`), the

@@ -13,7 +13,8 @@ pub struct RuntimeConfig {
     pub current_thread: bool,
     /// `worker_threads = n` (multi-thread only).
     pub worker_threads: Option<usize>,
-    /// `shutdown_timeout = "30s"`: the default for an `App` returned by `main`.
+    /// `shutdown_timeout = "30s"`: the default of every `App` the binary
+    /// builds (its code, a settings file or the environment may set another).
     pub shutdown_timeout: Option<std::time::Duration>,
     /// The binary's name (`CARGO_BIN_NAME`), for its AsyncAPI document.
     pub binary: Option<&'static str>,
@@ -74,6 +75,9 @@ pub(crate) fn prepare(
     command_line: Option<CommandLine>,
     takes_settings: bool,
 ) -> Result<Launch, ExitCode> {
+    if let Some(timeout) = runtime.shutdown_timeout {
+        let _ = DEFAULT_SHUTDOWN_TIMEOUT.set(timeout);
+    }
     #[allow(unused_mut)]
     let mut launch = Launch::run(runtime);
     let returns_app = command_line.is_some();
@@ -93,6 +97,16 @@ pub(crate) fn prepare(
     }
     let _ = (takes_settings, returns_app, file);
     Ok(launch)
+}
+
+/// `#[ruststream::app(shutdown_timeout = ..)]`, once `main` runs.
+static DEFAULT_SHUTDOWN_TIMEOUT: std::sync::OnceLock<std::time::Duration> =
+    std::sync::OnceLock::new();
+
+/// The shutdown timeout an `App` starts with: the `#[ruststream::app]`
+/// binary's, if it set one.
+pub(crate) fn default_shutdown_timeout() -> Option<std::time::Duration> {
+    DEFAULT_SHUTDOWN_TIMEOUT.get().copied()
 }
 
 /// Does the task with `app`.

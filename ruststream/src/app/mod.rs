@@ -101,7 +101,7 @@ impl App<NoBroker> {
             state: StateMap::new(),
             after_ack: None,
             jobs: JobQueueSettings::default(),
-            shutdown_timeout: None,
+            shutdown_timeout: crate::launch::default_shutdown_timeout(),
             mistakes: Vec::new(),
             endpoints: None,
             name: "app".to_owned(),
@@ -239,8 +239,9 @@ impl<B> App<B> {
 
     /// Bounds the graceful shutdown. When it expires, handlers still
     /// running are aborted (their deliveries stay unsettled and are
-    /// redelivered) and unfinished tracked tasks are detached. Default: none,
-    /// the shutdown waits for everything.
+    /// redelivered) and unfinished tracked tasks are detached. Default: the
+    /// `#[ruststream::app(shutdown_timeout = ..)]` binary's, else none (the
+    /// shutdown waits for everything).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = Some(timeout);
         self
