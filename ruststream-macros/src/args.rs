@@ -93,7 +93,25 @@ pub(crate) enum Kind {
 /// Checks `expr` for `key`: a literal must be of the right kind (and a
 /// count at least 1, a string not empty); any other expression — a
 /// constant, a call — is left to the compiler.
-pub(crate) fn check_value(key: &str, kind: Kind, expr: &syn::Expr) -> darling::Result<()> {
+pub(crate) fn check_value(
+    key: &str,
+    kind: Kind,
+    expr: &syn::Expr,
+    example: &str,
+) -> darling::Result<()> {
+    if let (
+        Kind::Count,
+        syn::Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            ..
+        }),
+    ) = (kind, expr)
+    {
+        return Err(darling::Error::custom(format!(
+            "`{key}` takes a whole number of at least 1, e.g. `{key} = {example}`"
+        ))
+        .with_span(expr));
+    }
     let syn::Expr::Lit(lit) = expr else {
         return Ok(());
     };
@@ -108,15 +126,19 @@ pub(crate) fn check_value(key: &str, kind: Kind, expr: &syn::Expr) -> darling::R
             Err(darling::Error::custom(format!("`{key}` must not be empty")).with_span(expr))
         }
         (Kind::Text, syn::Lit::Str(_)) => Ok(()),
-        (Kind::Text, _) => wrong(&format!("a string, e.g. `{key} = \"orders.dead\"`")),
+        (Kind::Text, _) => wrong(&format!("a string, e.g. `{key} = {example}`")),
         (Kind::Count, syn::Lit::Int(n)) => match n.base10_parse::<u64>() {
             Ok(0) => {
                 Err(darling::Error::custom(format!("`{key}` must be at least 1")).with_span(expr))
             }
             Ok(_) => Ok(()),
-            Err(err) => Err(darling::Error::from(err)),
+            // A negative number, or one past `u64`.
+            Err(_) => Err(darling::Error::custom(format!(
+                "`{key}` takes a whole number of at least 1, e.g. `{key} = {example}`"
+            ))
+            .with_span(expr)),
         },
-        (Kind::Count, _) => wrong(&format!("a whole number, e.g. `{key} = 5`")),
+        (Kind::Count, _) => wrong(&format!("a whole number, e.g. `{key} = {example}`")),
         (Kind::Bool, syn::Lit::Bool(_)) => Ok(()),
         (Kind::Bool, _) => wrong("`true` or `false`"),
     }

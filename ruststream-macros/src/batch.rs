@@ -24,25 +24,42 @@ pub(crate) struct BatchArgs {
 
 impl FromMeta for BatchArgs {
     fn from_list(items: &[NestedMeta]) -> darling::Result<Self> {
-        check_keys(items, &["max", "wait"], "`batch(..)`")?;
+        // Every mistake at once, not the first alone.
+        let mut errors = darling::Error::accumulator();
+        errors.handle(check_keys(items, &["max", "wait"], "`batch(..)`"));
         let mut max = None;
-        let mut wait = quote!(::core::time::Duration::ZERO);
+        let mut wait = None;
         for item in items {
             let NestedMeta::Meta(syn::Meta::NameValue(nv)) = item else {
-                return Err(darling::Error::custom(format!("write {EXAMPLE}")).with_span(item));
+                errors.push(darling::Error::custom(format!("write {EXAMPLE}")).with_span(item));
+                continue;
+            };
+            let twice = |key: &str| {
+                darling::Error::custom(format!("`{key}` is set twice")).with_span(&nv.path)
             };
             if nv.path.is_ident("max") {
-                check_value("max", Kind::Count, &nv.value)?;
+                if max.is_some() {
+                    errors.push(twice("max"));
+                }
+                errors.handle(check_value("max", Kind::Count, &nv.value, "100"));
                 max = Some(nv.value.clone());
-            } else {
-                wait = duration(&nv.value)?;
+            } else if nv.path.is_ident("wait") {
+                if wait.is_some() {
+                    errors.push(twice("wait"));
+                }
+                wait = errors.handle(duration(&nv.value));
             }
         }
-        let Some(max) = max else {
-            return Err(darling::Error::custom(format!(
+        if max.is_none() {
+            errors.push(darling::Error::custom(format!(
                 "give the most records per batch: {EXAMPLE}"
             )));
+        }
+        errors.finish()?;
+        let (Some(max), wait) = (max, wait) else {
+            unreachable!("a missing `max` is an error above");
         };
+        let wait = wait.unwrap_or_else(|| quote!(::core::time::Duration::ZERO));
         Ok(BatchArgs {
             span: max.span(),
             max,

@@ -129,9 +129,13 @@ fn parse_args(args: TokenStream, errors: &mut Errors) -> Args {
             out.subject = Some(Subject::Expr(syn::parse_quote!(#path)));
             rest
         }
-        Some((first, _)) => {
+        Some((first, rest)) => {
             errors.darling(darling::Error::custom(SUBJECT_FIRST).with_span(first));
-            &metas[..]
+            // An option written first is checked with the others; anything
+            // else in the subject's place has had its error.
+            let option = matches!(first, NestedMeta::Meta(meta)
+                if meta.path().is_ident("fail_fast") || VALID.iter().any(|k| meta.path().is_ident(k)));
+            if option { &metas[..] } else { rest }
         }
         None => {
             errors.syn(syn::Error::new(
@@ -231,7 +235,7 @@ fn parse_option(key: &str, meta: &syn::Meta, options: &mut Options) -> darling::
     let value = |kind: Kind, example: &str| -> darling::Result<syn::Expr> {
         match meta {
             syn::Meta::NameValue(nv) => {
-                check_value(key, kind, &nv.value)?;
+                check_value(key, kind, &nv.value, example)?;
                 Ok(nv.value.clone())
             }
             other => Err(darling::Error::custom(format!(
@@ -252,13 +256,16 @@ fn parse_option(key: &str, meta: &syn::Meta, options: &mut Options) -> darling::
         "max_message_size" => options.max_message_size = Some(value(Kind::Count, "65536")?),
         "receive_flow" => options.receive_flow = Some(value(Kind::Bool, "false")?),
         "codec" => {
-            options.codec = Some(match value(Kind::Text, "ruststream::Json")? {
-                syn::Expr::Path(p) => p.path,
+            options.codec = Some(match meta {
+                syn::Meta::NameValue(syn::MetaNameValue {
+                    value: syn::Expr::Path(p),
+                    ..
+                }) => p.path.clone(),
                 other => {
                     return Err(darling::Error::custom(
                         "`codec` takes a codec type, e.g. `codec = ruststream::Json`",
                     )
-                    .with_span(&other));
+                    .with_span(other));
                 }
             });
         }
@@ -346,6 +353,18 @@ fn analyze<'a>(function: &'a syn::ItemFn, errors: &mut Errors) -> Signature<'a> 
             "a subscriber cannot be generic",
         ));
         wrappable = false;
+    }
+    // `impl Trait` in an argument is a generic in disguise.
+    for input in &sig.inputs {
+        if let syn::FnArg::Typed(arg) = input
+            && let syn::Type::ImplTrait(ty) = &*arg.ty
+        {
+            errors.syn(syn::Error::new_spanned(
+                ty,
+                "a subscriber cannot be generic: give this argument a concrete type",
+            ));
+            wrappable = false;
+        }
     }
     // The first argument is the body; every other one is an extractor, which
     // the compiler checks by trait (`FromDelivery`), never by its name.
