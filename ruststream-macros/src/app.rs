@@ -1,6 +1,5 @@
 //! `#[ruststream::app]`: `async fn main` on a Tokio runtime.
 
-use darling::FromMeta;
 use darling::ast::NestedMeta;
 use darling::util::SpannedValue;
 use proc_macro2::TokenStream;
@@ -9,7 +8,7 @@ use syn::spanned::Spanned;
 
 const VALID: &[&str] = &["flavor", "worker_threads", "shutdown_timeout"];
 
-#[derive(Default, FromMeta)]
+#[derive(Default)]
 struct AppArgs {
     flavor: Option<SpannedValue<String>>,
     worker_threads: Option<SpannedValue<usize>>,
@@ -186,10 +185,75 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+/// Every mistake at once, each saying what its argument takes.
 fn parse(args: TokenStream) -> darling::Result<Config> {
     let metas = NestedMeta::parse_meta_list(args)?;
-    args_check(&metas)?;
-    AppArgs::from_list(&metas)?.build()
+    let mut errors = darling::Error::accumulator();
+    errors.handle(args_check(&metas));
+    let mut parsed = AppArgs::default();
+    let mut seen: Vec<String> = Vec::new();
+    for item in &metas {
+        let NestedMeta::Meta(meta) = item else {
+            errors.push(
+                darling::Error::custom(
+                    "expected `name = value`, e.g. `flavor = \"current_thread\"`",
+                )
+                .with_span(item),
+            );
+            continue;
+        };
+        let Some(key) = meta.path().get_ident().map(ToString::to_string) else {
+            continue;
+        };
+        let Some(takes) = takes(&key) else {
+            continue; // unknown: reported by `args_check`
+        };
+        if seen.contains(&key) {
+            errors.push(darling::Error::custom(format!("`{key}` is set twice")).with_span(meta));
+            continue;
+        }
+        seen.push(key.clone());
+        let wrong = || darling::Error::custom(format!("`{key}` takes {takes}")).with_span(meta);
+        let syn::Meta::NameValue(syn::MetaNameValue {
+            value: syn::Expr::Lit(syn::ExprLit { lit, .. }),
+            ..
+        }) = meta
+        else {
+            errors.push(wrong());
+            continue;
+        };
+        let span = lit.span();
+        match (key.as_str(), lit) {
+            ("flavor", syn::Lit::Str(s)) => {
+                parsed.flavor = Some(SpannedValue::new(s.value(), span))
+            }
+            ("shutdown_timeout", syn::Lit::Str(s)) => {
+                parsed.shutdown_timeout = Some(SpannedValue::new(s.value(), span));
+            }
+            ("worker_threads", syn::Lit::Int(n)) => match n.base10_parse::<usize>() {
+                Ok(n) => parsed.worker_threads = Some(SpannedValue::new(n, span)),
+                Err(_) => errors.push(wrong()),
+            },
+            ("worker_threads", syn::Lit::Str(s)) => match s.value().parse::<usize>() {
+                Ok(n) => parsed.worker_threads = Some(SpannedValue::new(n, span)),
+                Err(_) => errors.push(wrong()),
+            },
+            _ => errors.push(wrong()),
+        }
+    }
+    let config = errors.handle(parsed.build());
+    errors.finish()?;
+    Ok(config.expect("built without errors"))
+}
+
+/// What argument `key` takes, for its error; `None` for an unknown key.
+fn takes(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "flavor" => "\"multi_thread\" or \"current_thread\", e.g. `flavor = \"current_thread\"`",
+        "worker_threads" => "a whole number of at least 1, e.g. `worker_threads = 4`",
+        "shutdown_timeout" => "a duration as a string, e.g. `shutdown_timeout = \"30s\"`",
+        _ => return None,
+    })
 }
 
 fn args_check(metas: &[NestedMeta]) -> darling::Result<()> {
