@@ -26,30 +26,36 @@ pub(crate) struct Pool {
 }
 
 impl FromMeta for Pool {
+    /// Every mistake at once: the count and each argument after it.
     fn from_list(items: &[NestedMeta]) -> darling::Result<Self> {
         let Some((first, rest)) = items.split_first() else {
             return Err(darling::Error::custom(
                 "give the number of workers or threads, e.g. `workers(4)`",
             ));
         };
-        let n: syn::Expr = match first {
-            NestedMeta::Lit(syn::Lit::Int(n)) => {
-                if n.base10_parse::<usize>()? == 0 {
-                    return Err(darling::Error::custom(
+        let mut errors = darling::Error::accumulator();
+        let count = "the first argument is the count: a whole number of at least 1 or a constant, e.g. `workers(4)`";
+        let n: Option<syn::Expr> = match first {
+            NestedMeta::Lit(syn::Lit::Int(n)) => match n.base10_parse::<usize>() {
+                Ok(0) => {
+                    errors.push(darling::Error::custom(
                         "needs at least 1: `workers(0)` or `threads(0)` would never run the handler",
                     )
                     .with_span(n));
+                    None
                 }
-                syn::parse_quote!(#n)
-            }
+                Ok(_) => Some(syn::parse_quote!(#n)),
+                Err(_) => {
+                    errors.push(darling::Error::custom(count).with_span(n));
+                    None
+                }
+            },
             NestedMeta::Meta(syn::Meta::Path(path)) if !path.is_ident("by_key") => {
-                syn::parse_quote!(#path)
+                Some(syn::parse_quote!(#path))
             }
             other => {
-                return Err(darling::Error::custom(
-                    "the first argument is the count: a whole number or a constant, e.g. `workers(4)`",
-                )
-                .with_span(other));
+                errors.push(darling::Error::custom(count).with_span(other));
+                None
             }
         };
         let span = first.span();
@@ -61,24 +67,28 @@ impl FromMeta for Pool {
                     match &nv.value {
                         syn::Expr::Path(p) => KeyFrom::Body(p.path.clone()),
                         other => {
-                            return Err(darling::Error::custom(
+                            errors.push(darling::Error::custom(
                                 "`by_key = ...` takes the name of a function `fn(&Body) -> impl Hash`",
                             )
                             .with_span(other));
+                            continue;
                         }
                     }
                 }
                 other => {
-                    return Err(darling::Error::custom(
+                    errors.push(darling::Error::custom(
                         "expected `by_key` (the delivery's key) or `by_key = key_fn` (a function of the body)",
                     )
                     .with_span(other));
+                    continue;
                 }
             };
             if by_key.replace(key).is_some() {
-                return Err(darling::Error::custom("`by_key` is set twice").with_span(item));
+                errors.push(darling::Error::custom("`by_key` is set twice").with_span(item));
             }
         }
+        errors.finish()?;
+        let n = n.expect("a count without errors");
         Ok(Pool { n, by_key, span })
     }
 }
