@@ -40,7 +40,10 @@ fn p16_request(
 async fn jq24_16_structural_reject_and_shared_cap_wait_are_distinguishable() {
     install_metrics();
     let broker = MemoryBroker::new();
+    // A name of its own: the job gauges are per app, and other tests of
+    // this process run apps too.
     let running = App::new()
+        .name("p16")
         .broker(broker.clone())
         .job_queue(JobQueueSettings::default().max_queued_jobs(3))
         .subscriber(p16_keyed)
@@ -82,8 +85,8 @@ async fn jq24_16_structural_reject_and_shared_cap_wait_are_distinguishable() {
     })
     .await;
     let seen = observe();
-    assert_eq!(seen.gauge(metrics::JOB_WAITERS), 1.0);
-    assert_eq!(seen.gauge(metrics::JOBS_IN_USE), 3.0);
+    assert_eq!(seen.gauge(metrics::JOB_WAITERS, "app", "p16"), 1.0);
+    assert_eq!(seen.gauge(metrics::JOBS_IN_USE, "app", "p16"), 3.0);
     let waited = within(5, "e's caller to time out", e1).await.unwrap();
     assert!(matches!(&waited, Err(Error::Timeout(_))), "{waited:?}");
     assert_eq!(

@@ -82,16 +82,23 @@ type CounterTotal = (String, Vec<(String, String)>, u64);
 /// gauges are read from this snapshot only (a gauge that was not set again
 /// since the previous snapshot reads 0, so take one snapshot per check).
 pub struct Observed {
-    gauges: Vec<(String, f64)>,
+    gauges: Vec<(String, Vec<(String, String)>, f64)>,
 }
 
 impl Observed {
-    /// Gauge `name` (without labels) in this snapshot.
-    pub fn gauge(&self, name: &str) -> f64 {
+    /// Gauge `name` of the series carrying `label_key=label_value` in this
+    /// snapshot (summed over such series). A label keeps it apart from the
+    /// same gauge of other tests' apps in this process.
+    pub fn gauge(&self, name: &str, label_key: &str, label_value: &str) -> f64 {
         self.gauges
             .iter()
-            .filter(|(n, _)| n == name)
-            .map(|(_, v)| *v)
+            .filter(|(n, labels, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .any(|(k, v)| k == label_key && v == label_value)
+            })
+            .map(|(.., v)| *v)
             .sum()
     }
 }
@@ -117,7 +124,7 @@ pub fn observe() -> Observed {
                     None => counters.push((name, labels, n)),
                 }
             }
-            DebugValue::Gauge(g) => gauges.push((name, g.into_inner())),
+            DebugValue::Gauge(g) => gauges.push((name, labels, g.into_inner())),
             DebugValue::Histogram(_) => {}
         }
     }
