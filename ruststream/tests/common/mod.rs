@@ -78,11 +78,14 @@ static COUNTERS: Mutex<Vec<CounterTotal>> = Mutex::new(Vec::new());
 /// Name, labels, total.
 type CounterTotal = (String, Vec<(String, String)>, u64);
 
+/// Name, labels, value.
+type GaugeValue = (String, Vec<(String, String)>, f64);
+
 /// One snapshot of every metric: counters are added to their running totals;
 /// gauges are read from this snapshot only (a gauge that was not set again
 /// since the previous snapshot reads 0, so take one snapshot per check).
 pub struct Observed {
-    gauges: Vec<(String, Vec<(String, String)>, f64)>,
+    gauges: Vec<GaugeValue>,
 }
 
 impl Observed {
