@@ -450,6 +450,29 @@ pub fn reply_result(reply: Envelope) -> Result<Envelope> {
     }
 }
 
+/// The headers every binding's dead-letter copy of `env` carries: the
+/// subject it came from, the reason, and the attempt it was given up at,
+/// counted as `max_attempts` counts (redeliveries and `retry_after`s).
+pub(crate) fn dead_letter_headers(env: &Envelope, reason: &str) -> [(&'static str, String); 3] {
+    [
+        (header::ORIGINAL_SUBJECT, env.subject().as_str().to_owned()),
+        (header::ERROR, reason.to_owned()),
+        (header::ATTEMPT, env.total_attempt().to_string()),
+    ]
+}
+
+/// `message` with the [`dead_letter_headers`] of `env`.
+pub(crate) fn with_dead_letter_headers(
+    mut message: Message,
+    env: &Envelope,
+    reason: &str,
+) -> Message {
+    for (name, value) in dead_letter_headers(env, reason) {
+        message = message.with_header(name, value);
+    }
+    message
+}
+
 /// The reply a request's caller gets when its request is refused before any
 /// handler, for the reason given: [`reply_result`] reads it as
 /// [`Error::Protocol`].

@@ -153,16 +153,11 @@ impl Delivery for KafkaDelivery {
             return Ok(());
         };
         let (topic, partition, offset) = self.origin();
-        let message = self
-            .env
-            .message()
-            .clone()
-            .with_header(header::ORIGINAL_SUBJECT, self.env.subject().clone())
-            .with_header(header::ERROR, reason)
-            .with_header(header::ATTEMPT, self.env.total_attempt().to_string())
-            .with_header(ORIGINAL_PARTITION, partition.to_string())
-            .with_header(ORIGINAL_OFFSET, offset.to_string())
-            .with_header(header::ORIGINAL_ID, format!("{topic}/{partition}/{offset}"));
+        let message =
+            crate::binding::with_dead_letter_headers(self.env.message().clone(), &self.env, reason)
+                .with_header(ORIGINAL_PARTITION, partition.to_string())
+                .with_header(ORIGINAL_OFFSET, offset.to_string())
+                .with_header(header::ORIGINAL_ID, format!("{topic}/{partition}/{offset}"));
         let deadline = Instant::now() + self.shared.broker.settings().publish_timeout;
         match self
             .shared

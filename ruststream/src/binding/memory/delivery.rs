@@ -9,8 +9,7 @@ use super::queue::Queue;
 use super::{Connection, Inner};
 use crate::binding::{Delivery, Subscription};
 use crate::ingress::ReceiveFlow;
-use crate::message::header;
-use crate::{Envelope, Message, Result};
+use crate::{Envelope, Result};
 
 /// A subscription on a [`MemoryBroker`](super::MemoryBroker).
 ///
@@ -234,13 +233,7 @@ impl Delivery for MemoryDelivery {
             );
             return Ok(());
         };
-        let attempt = env.total_attempt();
-        let subject = env.subject().clone();
-        let message: Message = env.clone().into_message();
-        let message = message
-            .with_header(header::ORIGINAL_SUBJECT, subject)
-            .with_header(header::ERROR, reason)
-            .with_header(header::ATTEMPT, attempt.to_string());
+        let message = crate::binding::with_dead_letter_headers(env.message().clone(), &env, reason);
         let deadline = super::Deadline::After(broker.publish_timeout);
         match broker.publish(None, dead_letter, message, deadline).await {
             Ok(()) => Ok(()),

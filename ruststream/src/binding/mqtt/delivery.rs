@@ -110,14 +110,7 @@ impl Delivery for MqttDelivery {
         match &self.shared.dead_letter {
             Some(dead_letter) => {
                 let message = convert::without_reply(self.env.message());
-                let extra = [
-                    (
-                        header::ORIGINAL_SUBJECT,
-                        self.env.subject().as_str().to_owned(),
-                    ),
-                    (header::ERROR, reason.to_owned()),
-                    (header::ATTEMPT, self.env.total_attempt().to_string()),
-                ];
+                let extra = crate::binding::dead_letter_headers(&self.env, reason);
                 self.shared
                     .broker
                     .publish_raw(dead_letter, &message, &extra, QoS::AtLeastOnce, false, None)

@@ -249,10 +249,5 @@ fn without_reply(message: Message) -> Message {
 /// The dead-letter copy of `env`: original subject, reason and attempt in
 /// headers (the same headers the memory broker writes).
 pub(super) fn dead_letter_message(env: Envelope, reason: &str) -> Message {
-    let attempt = env.total_attempt();
-    let subject = env.subject().clone();
-    without_reply(env.into_message())
-        .with_header(header::ORIGINAL_SUBJECT, subject)
-        .with_header(header::ERROR, reason)
-        .with_header(header::ATTEMPT, attempt.to_string())
+    crate::binding::with_dead_letter_headers(without_reply(env.message().clone()), &env, reason)
 }

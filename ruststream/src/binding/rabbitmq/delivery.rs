@@ -220,14 +220,7 @@ impl Delivery for RabbitDelivery {
         match &shared.dead_letter {
             Some(dead_letter) => {
                 let exchange = shared.broker.inner.settings.exchange.clone();
-                let extra = [
-                    (
-                        header::ORIGINAL_SUBJECT,
-                        self.env.subject().as_str().to_owned(),
-                    ),
-                    (header::ERROR, reason.to_owned()),
-                    (header::ATTEMPT, self.env.total_attempt().to_string()),
-                ];
+                let extra = crate::binding::dead_letter_headers(&self.env, reason);
                 let properties = super::properties(self.env.message(), &extra);
                 if let Err(err) = shared
                     .broker

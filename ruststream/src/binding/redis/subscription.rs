@@ -458,14 +458,11 @@ impl Delivery for RedisDelivery {
         pipe.atomic();
         match &shared.dead_letter {
             Some(dead_letter) => {
-                let attempt = self.env.total_attempt();
-                let message = self
-                    .env
-                    .message()
-                    .clone()
-                    .with_header(header::ORIGINAL_SUBJECT, shared.subject.clone())
-                    .with_header(header::ERROR, reason)
-                    .with_header(header::ATTEMPT, attempt.to_string());
+                let message = crate::binding::with_dead_letter_headers(
+                    self.env.message().clone(),
+                    &self.env,
+                    reason,
+                );
                 pipe.add_command(shared.broker.xadd(dead_letter, &message));
             }
             // Debug: the runtime already logged the rejection and its reason.
