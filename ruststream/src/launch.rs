@@ -116,7 +116,6 @@ pub(crate) async fn finish_app<B: Broker>(app: App<B>, launch: Launch) -> ExitCo
         Some(settings) => app.settings(settings),
         None => app,
     };
-    let app = app.default_shutdown_timeout(launch.runtime.shutdown_timeout);
     match launch.task {
         Task::Run => exit(app.run().await),
         Task::Check => match app.check().await {

@@ -247,14 +247,6 @@ impl<B> App<B> {
         self
     }
 
-    /// Sets the shutdown timeout unless the builder already did (the
-    /// `#[ruststream::app(shutdown_timeout = ..)]` default).
-    #[doc(hidden)]
-    pub fn default_shutdown_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.shutdown_timeout = self.shutdown_timeout.or(timeout);
-        self
-    }
-
     /// Runs before any subscription opens. An error stops the start: `start`
     /// and `run` return it (and `#[ruststream::app]` exits non-zero).
     ///
