@@ -171,6 +171,12 @@ impl Message {
         }
     }
 
+    /// Payload only: no headers, key, reply address or correlation id.
+    #[inline]
+    pub(crate) fn is_bare(&self) -> bool {
+        self.meta.is_none()
+    }
+
     fn meta_mut(&mut self) -> &mut Meta {
         self.meta.get_or_insert_with(MetaBox::new)
     }
