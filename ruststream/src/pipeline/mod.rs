@@ -81,7 +81,7 @@ pub(crate) enum Early {
 impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// Accept layers and decode, synchronously: settling what stops here is
     /// left to [`settle_early`](Self::settle_early), out of line.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn check<D: Delivery>(&self, delivery: &D) -> Checked<S::Body> {
         let env = delivery.envelope();
         let early = if env.message().is_bare() {
