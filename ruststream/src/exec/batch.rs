@@ -40,10 +40,10 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let mut claimed = Vec::with_capacity(max);
     let mut deliveries = Vec::with_capacity(max);
     let mut bodies = Vec::with_capacity(max);
-    loop {
+    'batches: loop {
         // The first record, like every loop's (JQ-4): no permit held while
         // the subscription is idle.
-        let Some((delivery, permit)) = super::receive!(
+        let (delivery, permit) = super::receive!(
             &mut subscription,
             jobs,
             jobs.try_acquire_borrowed(),
@@ -51,9 +51,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             &stop,
             stopped.as_mut(),
             &mut budget,
-        ) else {
-            break;
-        };
+            else: break 'batches,
+        );
         let mut held = jobs.no_permits();
         held.adopt(permit);
         claimed.push(delivery);

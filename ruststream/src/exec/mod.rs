@@ -55,8 +55,13 @@ use crate::binding::Subscription;
 /// so many deliveries in a row ([`Budget`](budget::Budget)) the loop lets
 /// the other tasks of its runtime run. The optional `$before_wait` runs before every
 /// wait and yield (the threads feeder wakes the threads it owes a wake-up).
+///
+/// With a final `else: $none` (a `break` or `return` out of the caller's
+/// loop, where `None` would end it) it is the pair itself: the delivery is
+/// moved from the subscription into the caller's binding once, not through
+/// an `Option` of the pair first.
 macro_rules! receive {
-    ($subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr $(, $before_wait:expr)? $(,)?) => {{
+    (@take $subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr, before_wait: $($before_wait:expr)?, none: $none:expr) => {{
         let stop: &$crate::host::Stop = $stop;
         let budget: &mut $crate::exec::budget::Budget = $budget;
         loop {
@@ -70,11 +75,11 @@ macro_rules! receive {
                     $($before_wait;)?
                     budget.refill();
                     if !$crate::exec::wait_ready($subscription, $stopped).await {
-                        break None;
+                        $none;
                     }
                     match $crate::exec::wait_permit($wait, stop).await {
                         Some(permit) => permit,
-                        None => break None,
+                        None => $none,
                     }
                 }
             };
@@ -83,19 +88,30 @@ macro_rules! receive {
             }
             // A stopped loop takes no further delivery, even one at hand.
             if stop.is_stopped() {
-                break None;
+                $none;
             }
             if let Some(delivery) = $crate::binding::Subscription::try_next($subscription) {
-                break Some((delivery, permit));
+                break (delivery, permit);
             }
             drop(permit);
             $($before_wait;)?
             budget.refill();
             if !$crate::exec::wait_ready($subscription, $stopped).await {
-                break None;
+                $none;
             }
         }
     }};
+    ($subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr, else: $none:expr $(,)?) => {
+        $crate::exec::receive!(@take $subscription, $jobs, $try, $wait, $stop, $stopped, $budget, before_wait:, none: $none)
+    };
+    ($subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr, $before_wait:expr, else: $none:expr $(,)?) => {
+        $crate::exec::receive!(@take $subscription, $jobs, $try, $wait, $stop, $stopped, $budget, before_wait: $before_wait, none: $none)
+    };
+    ($subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr $(, $before_wait:expr)? $(,)?) => {
+        'receive: {
+            ::core::option::Option::Some($crate::exec::receive!(@take $subscription, $jobs, $try, $wait, $stop, $stopped, $budget, before_wait: $($before_wait)?, none: break 'receive ::core::option::Option::None))
+        }
+    };
 }
 pub(crate) use receive;
 

@@ -25,9 +25,9 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     // One stop waiter for the whole loop: registered once, not per wait.
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
-    loop {
+    'deliveries: loop {
         // JQ-4: the permit borrows `jobs`, which this loop keeps alive.
-        let Some((delivery, permit)) = super::receive!(
+        let (delivery, permit) = super::receive!(
             &mut subscription,
             jobs,
             jobs.try_acquire_borrowed(),
@@ -35,9 +35,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             &stop,
             stopped.as_mut(),
             &mut budget,
-        ) else {
-            break;
-        };
+            else: break 'deliveries,
+        );
         match unit.check(&delivery) {
             // JQ-4 step 5: the permit returns right before the handler.
             Checked::Body(body) => invoke!(&unit, delivery, handle_send(body), permit),

@@ -282,7 +282,7 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
     // otherwise it gives it back before it waits for an idle thread, so
     // the busy ones claim in place meanwhile.
     let mut held = None;
-    loop {
+    'feed: loop {
         let target = match rings.find_space(fill, &mut cursor) {
             Some(target) => target,
             None => {
@@ -309,7 +309,7 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
         };
         // Permit before receive (JQ-4); it travels with the delivery. The
         // threads owed a wake-up get it before the feeder waits or yields.
-        let Some((delivery, permit)) = super::receive!(
+        let (delivery, permit) = super::receive!(
             &mut **subscription,
             jobs,
             jobs.try_acquire(),
@@ -318,9 +318,8 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
             stopped.as_mut(),
             &mut budget,
             wakes.flush(),
-        ) else {
-            break;
-        };
+            else: break 'feed,
+        );
         let feed = Feed {
             rings: &rings.rings,
             subscription: &mut **subscription,

@@ -30,7 +30,7 @@ use crate::ingress::{BorrowedPermit, JobPermit, JobQueue};
 /// handler, so a delivery a layer holds up (a concurrency limit) still
 /// counts in the job queue.
 macro_rules! invoke {
-    ($unit:expr, $delivery:expr, $handler:ident($body:expr), $permit:expr) => {
+    ($unit:expr, $delivery:ident, $handler:ident($body:expr), $permit:expr) => {
         $crate::pipeline::invoke!(
             $unit,
             $delivery,
@@ -39,9 +39,11 @@ macro_rules! invoke {
             hand_over: $crate::pipeline::HandOver::hand_over($permit, $unit.app.jobs())
         )
     };
-    ($unit:expr, $delivery:expr, $handler:ident($body:expr), release: $release:expr, hand_over: $hand_over:expr) => {{
+    ($unit:expr, $delivery:ident, $handler:ident($body:expr), release: $release:expr, hand_over: $hand_over:expr) => {{
         let unit = $unit;
-        let delivery = $delivery;
+        // `$delivery` is used in place, never rebound: a delivery is moved
+        // only into its settlement (a move between two slots of the
+        // loop's future is a copy of the whole delivery).
         match &unit.service {
             // Out of line and boxed: without middleware, a loop's future
             // and code stay what they are.
@@ -49,7 +51,7 @@ macro_rules! invoke {
                 let permit = $hand_over;
                 ::std::boxed::Box::pin(unit.through_stack(
                     service,
-                    delivery,
+                    $delivery,
                     ::std::boxed::Box::new($body),
                     permit,
                 ))
@@ -62,7 +64,7 @@ macro_rules! invoke {
                 // made) unless something waits.
                 let mut aborted = ::std::pin::pin!(async { unit.abort.cancelled().await });
                 let scope = $crate::subscriber::Scope::new(
-                    $crate::Delivery::envelope(&delivery),
+                    $crate::Delivery::envelope(&$delivery),
                     &unit.app,
                     &unit.broker,
                 );
@@ -79,7 +81,7 @@ macro_rules! invoke {
                             if !unit.app.has_after_ack() =>
                         {
                             unit.metrics.acked();
-                            match $crate::Delivery::try_ack(delivery) {
+                            match $crate::Delivery::try_ack($delivery) {
                                 Ok(acked) => unit.settled(acked),
                                 Err(delivery) => {
                                     let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
@@ -92,7 +94,7 @@ macro_rules! invoke {
                         }
                         (outcome, follow_ups) => {
                             let settle = ::std::pin::pin!(
-                                unit.settle_outcome(delivery, outcome, follow_ups)
+                                unit.settle_outcome($delivery, outcome, follow_ups)
                             );
                             if $crate::pipeline::or_abort(settle, aborted).await.is_none() {
                                 unit.aborted();
