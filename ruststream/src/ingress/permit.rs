@@ -22,6 +22,7 @@ pub struct JobPermit {
 pub(crate) struct BorrowedPermit<'a>(pub(super) &'a JobQueue);
 
 impl Drop for BorrowedPermit<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.0.release();
     }
@@ -95,6 +96,7 @@ impl<'a> Permits<'a> {
 }
 
 impl Drop for Permits<'_> {
+    #[inline]
     fn drop(&mut self) {
         if self.n > 0 {
             self.queue.release_n(self.n);
@@ -109,6 +111,7 @@ impl std::fmt::Debug for JobPermit {
 }
 
 impl Drop for JobPermit {
+    #[inline]
     fn drop(&mut self) {
         self.queue.release();
     }
