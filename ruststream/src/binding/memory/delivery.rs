@@ -53,7 +53,6 @@ impl Subscription for MemorySubscription {
     }
 
     #[inline]
-    #[inline]
     fn try_next(&mut self) -> Option<MemoryDelivery> {
         // An ended subscription (its connection closed) takes nothing more;
         // `ready` then reports the end.
