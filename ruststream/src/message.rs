@@ -171,10 +171,11 @@ impl Message {
         }
     }
 
-    /// Payload only: no headers, key, reply address or correlation id.
+    /// Whether it carries any header (a key, reply address or correlation
+    /// id alone is no header).
     #[inline]
-    pub(crate) fn is_bare(&self) -> bool {
-        self.meta.is_none()
+    pub(crate) fn has_headers(&self) -> bool {
+        self.meta.as_ref().is_some_and(|m| !m.headers.is_empty())
     }
 
     fn meta_mut(&mut self) -> &mut Meta {

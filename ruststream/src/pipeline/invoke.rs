@@ -30,6 +30,20 @@ use crate::ingress::{BorrowedPermit, JobPermit, JobQueue};
 /// handler, so a delivery a layer holds up (a concurrency limit) still
 /// counts in the job queue.
 macro_rules! invoke {
+    // The ack of a delivery whose handler succeeded: without waiting where
+    // the binding can.
+    (@ack $unit:ident, $delivery:ident, $aborted:ident) => {
+        match $crate::Delivery::try_ack($delivery) {
+            Ok(acked) => $unit.settled(acked),
+            Err(delivery) => {
+                let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
+                match $crate::pipeline::or_abort(ack, $aborted).await {
+                    Some(acked) => $unit.settled(acked),
+                    None => $unit.aborted(),
+                }
+            }
+        }
+    };
     ($unit:expr, $delivery:ident, $handler:ident($body:expr), $permit:expr) => {
         $crate::pipeline::invoke!(
             $unit,
@@ -81,15 +95,22 @@ macro_rules! invoke {
                             if !unit.app.has_after_ack() =>
                         {
                             unit.metrics.acked();
-                            match $crate::Delivery::try_ack($delivery) {
-                                Ok(acked) => unit.settled(acked),
-                                Err(delivery) => {
-                                    let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
-                                    match $crate::pipeline::or_abort(ack, aborted).await {
-                                        Some(acked) => unit.settled(acked),
-                                        None => unit.aborted(),
-                                    }
-                                }
+                            $crate::pipeline::invoke!(@ack unit, $delivery, aborted);
+                        }
+                        // A reply, then the ack: the delivery is borrowed by
+                        // the reply, not moved into a settlement future.
+                        ($crate::pipeline::Outcome::Ack(Some(reply)), None)
+                            if !unit.app.has_after_ack() =>
+                        {
+                            unit.metrics.acked();
+                            let message = unit.reply_message(reply);
+                            let replied = {
+                                let reply = ::std::pin::pin!(unit.reply(&$delivery, message, None));
+                                $crate::pipeline::or_abort(reply, aborted.as_mut()).await
+                            };
+                            match replied {
+                                Some(()) => $crate::pipeline::invoke!(@ack unit, $delivery, aborted),
+                                None => unit.aborted(),
                             }
                         }
                         (outcome, follow_ups) => {

@@ -84,10 +84,10 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     #[inline(always)]
     pub(crate) fn check<D: Delivery>(&self, delivery: &D) -> Checked<S::Body> {
         let env = delivery.envelope();
-        let early = if env.message().is_bare() {
-            // No metadata (the common case): its size is its payload, its
+        let early = if !env.message().has_headers() {
+            // No headers (the common case): its size is its payload, its
             // attempt the broker's, and no header delays or types it; one
-            // branch instead of a metadata read per step.
+            // branch instead of a header lookup per step.
             let size = env.payload().len();
             if size > self.config.max_message_size {
                 return Checked::Early(Early::Oversized(size));
@@ -119,10 +119,10 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             .map(Early::Layer)
     }
 
-    /// [`check`](Self::check)'s steps that read a message's metadata: its
+    /// [`check`](Self::check)'s steps that read a message's headers: its
     /// size with headers, the attempts `retry_after` made, a delay a
     /// shutdown left, and the content type. The accept layers run after the
-    /// first three and before the last, as on a bare message.
+    /// first three and before the last, as on a message without headers.
     #[inline]
     fn check_headers(&self, env: &crate::Envelope) -> Option<Early> {
         let size = env.frame_bytes() - crate::message::FRAME_OVERHEAD;

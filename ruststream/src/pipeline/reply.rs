@@ -9,7 +9,7 @@ use crate::{Message, Text};
 
 impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// The message of a handler's reply, with its codec's content type.
-    pub(super) fn reply_message(&self, reply: bytes::Bytes) -> Message {
+    pub(crate) fn reply_message(&self, reply: bytes::Bytes) -> Message {
         let mut reply = Message::new(reply);
         if let Some(content_type) = self.subscriber.reply_content_type() {
             crate::codec::stamp(&mut reply, content_type);
@@ -20,7 +20,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// Publishes a reply when the delivery is a request. A reply that cannot be
     /// published is logged: the caller's own timeout reports it.
     /// A failed reply carries its `status`; a successful one none.
-    pub(super) async fn reply<D: Delivery>(
+    pub(crate) async fn reply<D: Delivery>(
         &self,
         delivery: &D,
         mut message: Message,
