@@ -189,6 +189,12 @@ impl Delivery for NatsDelivery {
         Ok(())
     }
 
+    /// Done at once: there is nothing to send.
+    #[inline]
+    fn try_ack(self) -> std::result::Result<Result<()>, Self> {
+        Ok(Ok(()))
+    }
+
     /// Sends the message back to this subscription (only) with attempt + 1,
     /// with its reply address: a request's retry answers the caller.
     async fn nack(self) -> Result<()> {
