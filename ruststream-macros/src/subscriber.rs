@@ -123,9 +123,7 @@ fn parse_args(args: TokenStream, errors: &mut Errors) -> Args {
             out.subject = Some(Subject::Literal(subject.clone()));
             rest
         }
-        Some((NestedMeta::Meta(syn::Meta::Path(path)), rest))
-            if !path.is_ident("fail_fast") && !VALID.iter().any(|k| path.is_ident(k)) =>
-        {
+        Some((NestedMeta::Meta(syn::Meta::Path(path)), rest)) if !is_option(path) => {
             out.subject = Some(Subject::Expr(syn::parse_quote!(#path)));
             rest
         }
@@ -133,8 +131,7 @@ fn parse_args(args: TokenStream, errors: &mut Errors) -> Args {
             errors.darling(darling::Error::custom(SUBJECT_FIRST).with_span(first));
             // An option written first is checked with the others; anything
             // else in the subject's place has had its error.
-            let option = matches!(first, NestedMeta::Meta(meta)
-                if meta.path().is_ident("fail_fast") || VALID.iter().any(|k| meta.path().is_ident(k)));
+            let option = matches!(first, NestedMeta::Meta(meta) if is_option(meta.path()));
             if option { &metas[..] } else { rest }
         }
         None => {
@@ -150,6 +147,12 @@ fn parse_args(args: TokenStream, errors: &mut Errors) -> Args {
         errors.syn(syn::Error::new(Span::call_site(), SUBJECT_FIRST));
     }
     out
+}
+
+/// Whether `path` names one of `#[subscriber]`'s options rather than a
+/// subject constant.
+fn is_option(path: &syn::Path) -> bool {
+    path.is_ident("fail_fast") || VALID.iter().any(|k| path.is_ident(k))
 }
 
 fn parse_options(metas: &[NestedMeta], options: &mut Options, errors: &mut Errors) {
