@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::retry_once::in_a_process_that_dies;
-use common::{unique, until, within};
+use common::{assert_handler_failure, unique, until, within};
 use ruststream::bytes::Bytes;
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::JobQueueSettings;
@@ -350,10 +350,7 @@ async fn a_retried_request_answers_its_caller() {
         caller.request::<u64, u64>(&topic, &0, Duration::from_secs(8)),
     )
     .await;
-    match failed {
-        Err(ruststream::Error::Handler(why)) => assert!(why.contains("down for good"), "{why}"),
-        other => panic!("expected the handler's failure, got {other:?}"),
-    }
+    assert_handler_failure(failed, "down for good");
     running.shutdown().await.unwrap();
     mqtt.close().await.unwrap();
 }

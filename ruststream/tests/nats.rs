@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::blocked::Blocked;
 use common::retry_once::{RetryApp, in_a_process_that_dies};
 use common::server::OwnServer;
-use common::{unique, until, within};
+use common::{assert_handler_failure, unique, until, within};
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::{JobQueueSettings, PressureState};
 use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
@@ -383,10 +383,7 @@ async fn a_retried_core_request_gets_its_reply() {
         caller.request::<u64, u64>("rs.core.failing.quote", &4, Duration::from_secs(5)),
     )
     .await;
-    match failed {
-        Err(Error::Handler(why)) => assert!(why.contains("down"), "{why}"),
-        other => panic!("expected the handler's failure, got {other:?}"),
-    }
+    assert_handler_failure(failed, "down");
     running.shutdown().await.unwrap();
 }
 

@@ -54,6 +54,15 @@ pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
     }
 }
 
+/// A request's failure as its caller sees it: the handler's reason
+/// (`Error::Handler`, not a timeout), which must contain `reason`.
+pub fn assert_handler_failure<T: std::fmt::Debug>(result: ruststream::Result<T>, reason: &str) {
+    match result {
+        Err(ruststream::Error::Handler(why)) => assert!(why.contains(reason), "{why}"),
+        other => panic!("expected the handler's failure, got {other:?}"),
+    }
+}
+
 fn snapshotter() -> &'static Snapshotter {
     static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
     SNAPSHOTTER.get_or_init(|| {
