@@ -99,6 +99,12 @@ pub(crate) fn check_value(
     expr: &syn::Expr,
     example: &str,
 ) -> darling::Result<()> {
+    let not_a_count = || {
+        Err(darling::Error::custom(format!(
+            "`{key}` takes a whole number of at least 1, e.g. `{key} = {example}`"
+        ))
+        .with_span(expr))
+    };
     if let (
         Kind::Count,
         syn::Expr::Unary(syn::ExprUnary {
@@ -107,10 +113,7 @@ pub(crate) fn check_value(
         }),
     ) = (kind, expr)
     {
-        return Err(darling::Error::custom(format!(
-            "`{key}` takes a whole number of at least 1, e.g. `{key} = {example}`"
-        ))
-        .with_span(expr));
+        return not_a_count();
     }
     let syn::Expr::Lit(lit) = expr else {
         return Ok(());
@@ -133,10 +136,7 @@ pub(crate) fn check_value(
             }
             Ok(_) => Ok(()),
             // A negative number, or one past `u64`.
-            Err(_) => Err(darling::Error::custom(format!(
-                "`{key}` takes a whole number of at least 1, e.g. `{key} = {example}`"
-            ))
-            .with_span(expr)),
+            Err(_) => not_a_count(),
         },
         (Kind::Count, _) => wrong(&format!("a whole number, e.g. `{key} = {example}`")),
         (Kind::Bool, syn::Lit::Bool(_)) => Ok(()),
