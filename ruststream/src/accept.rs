@@ -11,10 +11,13 @@ pub enum Verdict {
     /// Go on to the next layer, then decode and the handler.
     Accept,
     /// Settle with `ack` without running the handler (e.g. a duplicate).
+    /// A request's caller gets [`Error::Handler`](crate::Error::Handler)
+    /// saying so at once, instead of waiting out its timeout.
     Skip,
     /// Settle with `nack`: redeliver later.
     Retry,
-    /// Settle with `reject`: dead-letter with this reason.
+    /// Settle with `reject`: dead-letter with this reason. A request's
+    /// caller gets [`Error::Handler`](crate::Error::Handler) with it.
     Reject(String),
 }
 

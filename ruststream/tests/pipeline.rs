@@ -500,3 +500,62 @@ async fn annotated_functions_stay_callable() {
     let out = double(Order { id: 9 }).await;
     assert_eq!(out.id, 18);
 }
+
+// ---------------------------------------------------------------------------
+// A request an accept layer skips: its caller hears so at once.
+
+static SKIPPED_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+#[subscriber("skipping")]
+async fn skipping(body: Bytes) -> Bytes {
+    SKIPPED_CALLS.fetch_add(1, Ordering::SeqCst);
+    body
+}
+
+#[tokio::test]
+async fn a_request_an_accept_layer_skips_fails_at_once_instead_of_timing_out() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .layer(|env: &ruststream::Envelope| match env.payload().as_ref() {
+            b"duplicate" => Verdict::Skip,
+            _ => Verdict::Accept,
+        })
+        .subscriber(skipping)
+        .start()
+        .await
+        .unwrap();
+    // The caller's own timeout is far beyond the test's bound: only the
+    // skip's reply can end the call in time.
+    let asked = within(
+        5,
+        "the skip's reply",
+        broker.request_message(
+            "skipping",
+            Message::new("duplicate"),
+            Duration::from_secs(60),
+        ),
+    )
+    .await;
+    match asked {
+        Err(Error::Handler(why)) => assert!(
+            why.contains("accept layer skipped"),
+            "the reason names the skip: {why}"
+        ),
+        other => panic!("expected the skip's error, got {other:?}"),
+    }
+    let answered = within(
+        5,
+        "a request the layer accepts",
+        broker.request_message("skipping", Message::new("new"), Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answered.payload(), "new".as_bytes());
+    running.shutdown().await.unwrap();
+    assert_eq!(
+        SKIPPED_CALLS.load(Ordering::SeqCst),
+        1,
+        "the handler ran once"
+    );
+}

@@ -28,7 +28,7 @@ pub(crate) mod stack;
 
 pub(crate) use invoke::{Caught, HandOver, invoke, or_abort};
 
-use reply::error_reply;
+use reply::{SKIPPED, error_reply};
 
 /// Everything one subscriber's deliveries need, shared by its loop and its
 /// workers or threads.
@@ -186,6 +186,10 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                 unreachable!("an accepted delivery is not settled early")
             }
             Early::Layer(Verdict::Skip) => {
+                // A request's caller hears that nothing will answer it,
+                // rather than waiting out its timeout.
+                self.reply(&delivery, error_reply(SKIPPED), Some("handler-error"))
+                    .await;
                 self.acked();
                 self.settled(self.ack_early(delivery).await);
             }

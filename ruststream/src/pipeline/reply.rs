@@ -52,6 +52,9 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     }
 }
 
+/// Why a request an accept layer skipped has no answer.
+pub(super) const SKIPPED: &str = "an accept layer skipped the request: its handler did not run";
+
 /// The reply of a request that failed: the reason in a header, no body.
 pub(super) fn error_reply(reason: &str) -> Message {
     Message::new(bytes::Bytes::new()).with_header(header::ERROR, reason)
