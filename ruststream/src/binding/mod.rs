@@ -341,13 +341,13 @@ pub trait Delivery: Send + Sync + 'static {
     /// Done: never deliver this message again.
     fn ack(self) -> impl Future<Output = Result<()>> + Send;
 
-    /// Acks without waiting where the binding can: `Err(self)` hands the
-    /// delivery back for [`ack`](Self::ack) (the default).
-    fn try_ack(self) -> std::result::Result<Result<()>, Self>
-    where
-        Self: Sized,
-    {
-        Err(self)
+    /// Acks without waiting where the binding can: `Some` with the
+    /// result once the delivery is settled (dropping it then does
+    /// nothing), or `None` (the default) to settle it with
+    /// [`ack`](Self::ack). In place rather than by value: a delivery is
+    /// not moved (copied) on the path of every message.
+    fn try_ack(&mut self) -> Option<Result<()>> {
+        None
     }
 
     /// Failed: deliver it again, with attempt + 1.

@@ -43,8 +43,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     'batches: loop {
         // The first record, like every loop's (JQ-4): no permit held while
         // the subscription is idle.
-        let (delivery, permit) = super::receive!(
-            &mut subscription,
+        super::receive!(
+            let (delivery, permit) = &mut subscription,
             jobs,
             jobs.try_acquire_borrowed(),
             jobs.acquire_borrowed(),
@@ -52,6 +52,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             stopped.as_mut(),
             &mut budget,
             else: break 'batches,
+            again: continue 'batches,
         );
         let mut held = jobs.no_permits();
         held.adopt(permit);
@@ -162,13 +163,13 @@ async fn handle<B: Broker, S: SendSubscriber, D: Delivery>(
     if failure.is_some() {
         deliveries.reverse();
     }
-    for delivery in deliveries.drain(..) {
+    for mut delivery in deliveries.drain(..) {
         let outcome = match &failure {
             None if !unit.app.has_after_ack() => {
                 unit.acked();
                 match delivery.try_ack() {
-                    Ok(acked) => unit.settled(acked),
-                    Err(delivery) => match or_abort(pin!(delivery.ack()), aborted.as_mut()).await {
+                    Some(acked) => unit.settled(acked),
+                    None => match or_abort(pin!(delivery.ack()), aborted.as_mut()).await {
                         Some(acked) => unit.settled(acked),
                         None => return unit.aborted(),
                     },

@@ -62,7 +62,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
                     // does (it is larger than both, and moving it costs).
                     let Turn {
                         owner,
-                        item: (delivery, body),
+                        item: (mut delivery, body),
                         permit,
                         bytes,
                     } = turn;

@@ -56,60 +56,59 @@ use crate::binding::Subscription;
 /// the other tasks of its runtime run. The optional `$before_wait` runs before every
 /// wait and yield (the threads feeder wakes the threads it owes a wake-up).
 ///
-/// With a final `else: $none` (a `break` or `return` out of the caller's
-/// loop, where `None` would end it) it is the pair itself: the delivery is
-/// moved from the subscription into the caller's binding once, not through
-/// an `Option` of the pair first.
+/// Spelled `receive!(let (delivery, permit) = $subscription, .., else:
+/// $none)` (`$none` a `break` or `return` out of the caller's loop, where
+/// `None` would end it) it binds the pair itself: the delivery is moved
+/// from the subscription into the caller's binding once, not through a
+/// value of the loop (an `Option` or a tuple) first.
 macro_rules! receive {
-    (@take $subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr, before_wait: $($before_wait:expr)?, none: $none:expr) => {{
-        let stop: &$crate::host::Stop = $stop;
-        let budget: &mut $crate::exec::budget::Budget = $budget;
-        loop {
-            if budget.spend() {
-                $($before_wait;)?
-                ::tokio::task::yield_now().await;
-            }
-            let permit = match $try {
-                Some(permit) => permit,
-                None => {
-                    $($before_wait;)?
-                    budget.refill();
-                    if !$crate::exec::wait_ready($subscription, $stopped).await {
-                        $none;
-                    }
-                    match $crate::exec::wait_permit($wait, stop).await {
-                        Some(permit) => permit,
-                        None => $none,
-                    }
-                }
-            };
-            if $jobs.saturated() {
-                budget.end_batch();
-            }
-            // A stopped loop takes no further delivery, even one at hand.
-            if stop.is_stopped() {
-                $none;
-            }
-            if let Some(delivery) = $crate::binding::Subscription::try_next($subscription) {
-                break (delivery, permit);
-            }
-            drop(permit);
+    (@take $delivery:pat, $permit:ident, $subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr, before_wait: $($before_wait:expr)?, none: $none:expr, again: $again:expr) => {
+        // `$stop` and `$budget` are used where needed, not bound: a
+        // binding would be one more slot of the caller's future to fill.
+        if $crate::exec::budget::Budget::spend($budget) {
             $($before_wait;)?
-            budget.refill();
+            ::tokio::task::yield_now().await;
+        }
+        let $permit = match $try {
+            Some(permit) => permit,
+            None => {
+                $($before_wait;)?
+                $crate::exec::budget::Budget::refill($budget);
+                if !$crate::exec::wait_ready($subscription, $stopped).await {
+                    $none;
+                }
+                match $crate::exec::wait_permit($wait, $stop).await {
+                    Some(permit) => permit,
+                    None => $none,
+                }
+            }
+        };
+        if $jobs.saturated() {
+            $crate::exec::budget::Budget::end_batch($budget);
+        }
+        // A stopped loop takes no further delivery, even one at hand.
+        if $crate::host::Stop::is_stopped($stop) {
+            $none;
+        }
+        // Bound where it is claimed: a value of a loop (an `Option` or a
+        // tuple) would be one more copy of the delivery.
+        let Some($delivery) = $crate::binding::Subscription::try_next($subscription) else {
+            drop($permit);
+            $($before_wait;)?
+            $crate::exec::budget::Budget::refill($budget);
             if !$crate::exec::wait_ready($subscription, $stopped).await {
                 $none;
             }
-        }
-    }};
-    ($subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr, else: $none:expr $(,)?) => {
-        $crate::exec::receive!(@take $subscription, $jobs, $try, $wait, $stop, $stopped, $budget, before_wait:, none: $none)
+            $again;
+        };
     };
-    ($subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr, $before_wait:expr, else: $none:expr $(,)?) => {
-        $crate::exec::receive!(@take $subscription, $jobs, $try, $wait, $stop, $stopped, $budget, before_wait: $before_wait, none: $none)
+    (let ($delivery:pat, $permit:ident) = $subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr, $($before_wait:expr,)? else: $none:expr, again: $again:expr $(,)?) => {
+        $crate::exec::receive!(@take $delivery, $permit, $subscription, $jobs, $try, $wait, $stop, $stopped, $budget, before_wait: $($before_wait)?, none: $none, again: $again)
     };
     ($subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr $(, $before_wait:expr)? $(,)?) => {
-        'receive: {
-            ::core::option::Option::Some($crate::exec::receive!(@take $subscription, $jobs, $try, $wait, $stop, $stopped, $budget, before_wait: $($before_wait)?, none: break 'receive ::core::option::Option::None))
+        'receive: loop {
+            $crate::exec::receive!(@take delivery, permit, $subscription, $jobs, $try, $wait, $stop, $stopped, $budget, before_wait: $($before_wait)?, none: break 'receive ::core::option::Option::None, again: continue 'receive);
+            break 'receive ::core::option::Option::Some((delivery, permit));
         }
     };
 }

@@ -27,8 +27,8 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
     let mut budget = Budget::new();
     'deliveries: loop {
         // JQ-4: the permit borrows `jobs`, which this loop keeps alive.
-        let (delivery, permit) = super::receive!(
-            &mut subscription,
+        super::receive!(
+            let (mut delivery, permit) = &mut subscription,
             jobs,
             jobs.try_acquire_borrowed(),
             jobs.acquire_borrowed(),
@@ -36,6 +36,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             stopped.as_mut(),
             &mut budget,
             else: break 'deliveries,
+            again: continue 'deliveries,
         );
         match unit.check(&delivery) {
             // JQ-4 step 5: the permit returns right before the handler.

@@ -309,8 +309,8 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
         };
         // Permit before receive (JQ-4); it travels with the delivery. The
         // threads owed a wake-up get it before the feeder waits or yields.
-        let (delivery, permit) = super::receive!(
-            &mut **subscription,
+        super::receive!(
+            let (delivery, permit) = &mut **subscription,
             jobs,
             jobs.try_acquire(),
             jobs.acquire(),
@@ -319,6 +319,7 @@ async fn run_jobs<B: Broker, S: Subscriber, J: Job<B, S>>(
             &mut budget,
             wakes.flush(),
             else: break 'feed,
+            again: continue 'feed,
         );
         let feed = Feed {
             rings: &rings.rings,
@@ -406,7 +407,7 @@ impl<B: Broker, S: Subscriber, J: Job<B, S>> Thread<B, S, J> {
                 // runs inside this loop's own future (`invoke!`), never in a
                 // future moved into it.
                 match job.open(unit) {
-                    Ok((delivery, body, permit)) => {
+                    Ok((mut delivery, body, permit)) => {
                         if unit.abort.is_cancelled() {
                             give_back(permit, &mut held);
                             unit.not_started(delivery);

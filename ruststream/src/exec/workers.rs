@@ -63,7 +63,7 @@ async fn work<B: Broker, S: SendSubscriber>(
     // One stop waiter for the worker's whole life: registered once.
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
-    while let Some((delivery, permit)) =
+    while let Some((mut delivery, permit)) =
         next(shared, &jobs, stop, stopped.as_mut(), &mut budget).await
     {
         match unit.check(&delivery) {

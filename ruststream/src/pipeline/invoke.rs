@@ -33,10 +33,12 @@ macro_rules! invoke {
     // The ack of a delivery whose handler succeeded: without waiting where
     // the binding can.
     (@ack $unit:ident, $delivery:ident, $aborted:ident) => {
-        match $crate::Delivery::try_ack($delivery) {
-            Ok(acked) => $unit.settled(acked),
-            Err(delivery) => {
-                let ack = ::std::pin::pin!($crate::Delivery::ack(delivery));
+        match $crate::Delivery::try_ack(&mut $delivery) {
+            // The settled delivery is dropped in place where its scope
+            // ends: `drop(..)` would move (copy) it first.
+            Some(acked) => $unit.settled(acked),
+            None => {
+                let ack = ::std::pin::pin!($crate::Delivery::ack($delivery));
                 match $crate::pipeline::or_abort(ack, $aborted).await {
                     Some(acked) => $unit.settled(acked),
                     None => $unit.aborted(),

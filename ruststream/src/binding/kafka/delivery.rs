@@ -121,9 +121,9 @@ impl Delivery for KafkaDelivery {
         Ok(())
     }
 
-    fn try_ack(self) -> std::result::Result<Result<()>, Self> {
+    fn try_ack(&mut self) -> Option<Result<()>> {
         self.settle();
-        Ok(Ok(()))
+        Some(Ok(()))
     }
 
     /// A copy with attempt + 1 goes to the group's retry topic, and this

@@ -209,10 +209,10 @@ impl Delivery for MemoryDelivery {
     }
 
     #[inline]
-    fn try_ack(mut self) -> std::result::Result<Result<()>, Self> {
+    fn try_ack(&mut self) -> Option<Result<()>> {
         // Dropped in place: taking it out would copy it first.
         self.env = None;
-        Ok(Ok(()))
+        Some(Ok(()))
     }
 
     async fn nack(mut self) -> Result<()> {

@@ -50,6 +50,10 @@ impl MqttDelivery {
     }
 
     fn ack_now(mut self) -> Result<()> {
+        self.ack_in_place()
+    }
+
+    fn ack_in_place(&mut self) -> Result<()> {
         self.settled = true;
         self.shared.conn.ack(self.pkid, self.qos, self.epoch)
     }
@@ -87,8 +91,8 @@ impl Delivery for MqttDelivery {
         self.ack_now()
     }
 
-    fn try_ack(self) -> std::result::Result<Result<()>, Self> {
-        Ok(self.ack_now())
+    fn try_ack(&mut self) -> Option<Result<()>> {
+        Some(self.ack_in_place())
     }
 
     /// MQTT has no negative acknowledgement: a copy with attempt + 1 goes to

@@ -191,8 +191,8 @@ impl Delivery for NatsDelivery {
 
     /// Done at once: there is nothing to send.
     #[inline]
-    fn try_ack(self) -> std::result::Result<Result<()>, Self> {
-        Ok(Ok(()))
+    fn try_ack(&mut self) -> Option<Result<()>> {
+        Some(Ok(()))
     }
 
     /// Sends the message back to this subscription (only) with attempt + 1,
