@@ -38,13 +38,19 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
             else: break 'deliveries,
             again: continue 'deliveries,
         );
-        match unit.check(&delivery) {
+        // The check's result is taken apart before anything waits: held
+        // across the handler's `.await`s it would be kept in this loop's
+        // future, and the body copied in and out of it.
+        let early = 'early: {
+            let body = match unit.check(&delivery) {
+                Checked::Body(body) => body,
+                Checked::Early(early) => break 'early early,
+            };
             // JQ-4 step 5: the permit returns right before the handler.
-            Checked::Body(body) => invoke!(&unit, delivery, handle_send(body), permit),
-            Checked::Early(early) => {
-                Box::pin(unit.settle_early(delivery, early)).await;
-                drop(permit);
-            }
-        }
+            invoke!(&unit, delivery, handle_send(body), permit);
+            continue 'deliveries;
+        };
+        Box::pin(unit.settle_early(delivery, early)).await;
+        drop(permit);
     }
 }
