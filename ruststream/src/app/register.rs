@@ -107,6 +107,7 @@ async fn open<B: Broker, S: Subscriber>(
     ));
     cx.app.metrics().add(&metrics);
     let unit = Unit {
+        after_ack: cx.app.has_after_ack(),
         metrics,
         traced,
         broker,

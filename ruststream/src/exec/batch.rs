@@ -165,7 +165,7 @@ async fn handle<B: Broker, S: SendSubscriber, D: Delivery>(
     }
     for mut delivery in deliveries.drain(..) {
         let outcome = match &failure {
-            None if !unit.app.has_after_ack() => {
+            None if !unit.after_ack => {
                 unit.acked();
                 match delivery.try_ack() {
                     Some(acked) => unit.settled(acked),

@@ -113,8 +113,12 @@ impl JobQueue {
         let max = settings.effective_max();
         let (pause, resume) = settings.percents();
         Ok(Arc::new(JobQueue {
-            permits: Semaphore::new(max),
-            spare: AtomicUsize::new(0),
+            // All spare at first, as if returned while no one waited: a
+            // loop then takes and returns them without touching the
+            // semaphore, and `saturated` answers from `spare` alone
+            // until a source has to wait.
+            permits: Semaphore::new(0),
+            spare: AtomicUsize::new(max),
             max,
             thresholds: Thresholds::new(max, pause, resume),
             in_use: AtomicUsize::new(0),

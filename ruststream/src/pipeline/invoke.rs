@@ -94,7 +94,7 @@ macro_rules! invoke {
                         // The common case, settled right here: a plain ack,
                         // nothing to reply, nothing to start after it.
                         ($crate::pipeline::Outcome::Ack(None), None)
-                            if !unit.app.has_after_ack() =>
+                            if !unit.after_ack =>
                         {
                             unit.metrics.acked();
                             $crate::pipeline::invoke!(@ack unit, $delivery, aborted);
@@ -102,7 +102,7 @@ macro_rules! invoke {
                         // A reply, then the ack: the delivery is borrowed by
                         // the reply, not moved into a settlement future.
                         ($crate::pipeline::Outcome::Ack(Some(reply)), None)
-                            if !unit.app.has_after_ack() =>
+                            if !unit.after_ack =>
                         {
                             unit.metrics.acked();
                             let message = unit.reply_message(reply);

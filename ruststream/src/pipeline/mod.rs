@@ -51,6 +51,9 @@ pub(crate) struct Unit<B, S> {
     /// delivery runs in its `process` span, on the stack path (or, for
     /// `!Send` handlers, on [`Unit::traced_local`]), never on the fast one.
     pub(crate) traced: bool,
+    /// The app has an after-ack hook (fixed once it starts): read for every
+    /// delivery, so kept here rather than behind the app handle.
+    pub(crate) after_ack: bool,
 }
 
 /// What [`Unit::check`] decided before the handler.
@@ -282,8 +285,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
                     self.reply(&delivery, self.reply_message(reply), None).await;
                 }
                 // Follow-ups start after the ack (RT-8): keep what they need.
-                let env = (retry.is_some() || self.app.has_after_ack())
-                    .then(|| delivery.envelope().clone());
+                let env = (retry.is_some() || self.after_ack).then(|| delivery.envelope().clone());
                 let (acked, timer) = match retry {
                     Some(delay) => match delivery.retry_after(delay).await {
                         // The broker holds the retry: no timer here.
@@ -369,10 +371,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
     /// Acks a delivery its handler never ran for, and starts the after-ack
     /// hook for it: the hook sees every acked delivery (RT-8).
     async fn ack_early<D: Delivery>(&self, delivery: D) -> crate::Result<()> {
-        let env = self
-            .app
-            .has_after_ack()
-            .then(|| delivery.envelope().clone());
+        let env = self.after_ack.then(|| delivery.envelope().clone());
         let acked = delivery.ack().await;
         if let (Ok(()), Some(env)) = (&acked, env) {
             self.app.acked(&env);
