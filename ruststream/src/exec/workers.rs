@@ -63,17 +63,21 @@ async fn work<B: Broker, S: SendSubscriber>(
     // One stop waiter for the worker's whole life: registered once.
     let mut stopped = pin!(stop.wait());
     let mut budget = Budget::new();
-    while let Some((mut delivery, permit)) =
+    'deliveries: while let Some((mut delivery, permit)) =
         next(shared, &jobs, stop, stopped.as_mut(), &mut budget).await
     {
-        match unit.check(&delivery) {
+        // Taken apart before the handler runs, as in the default loop.
+        let early = 'early: {
+            let body = match unit.check(&delivery) {
+                Checked::Body(body) => body,
+                Checked::Early(early) => break 'early early,
+            };
             // JQ-4 step 5: the permit returns right before the handler.
-            Checked::Body(body) => invoke!(unit, delivery, handle_send(body), permit),
-            Checked::Early(early) => {
-                Box::pin(unit.settle_early(delivery, early)).await;
-                drop(permit);
-            }
-        }
+            invoke!(unit, delivery, handle_send(body), permit);
+            continue 'deliveries;
+        };
+        Box::pin(unit.settle_early(delivery, early)).await;
+        drop(permit);
     }
 }
 
