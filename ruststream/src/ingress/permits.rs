@@ -58,9 +58,10 @@ struct Tracker {
 pub struct JobQueue {
     /// The FIFO of waiting sources, and the permits no one took yet.
     permits: Semaphore,
-    /// Permits returned while no source waited: taken back without the
-    /// semaphore's lock. Whenever a source waits, they move to `permits`
-    /// (see [`release`](Self::release)), so a waiter is never passed over.
+    /// Permits returned while no source waited, and all of them at first:
+    /// taken back without the semaphore's lock. Whenever a source waits,
+    /// they move to `permits` (see [`release`](Self::release)), so a waiter
+    /// is never passed over.
     spare: AtomicUsize,
     max: usize,
     thresholds: Thresholds,
