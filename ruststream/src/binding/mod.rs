@@ -332,8 +332,10 @@ pub(crate) use read_ahead_of_one;
 
 /// One received message, not yet settled.
 ///
-/// Settlement methods take `self`: settling twice does not compile. A delivery
-/// dropped unsettled is redelivered by the broker (where the broker can).
+/// Settlement methods take `self`: settling twice does not compile (the one
+/// exception, [`try_ack`](Self::try_ack), settles in place and leaves only a
+/// drop to do). A delivery dropped unsettled is redelivered by the broker
+/// (where the broker can).
 pub trait Delivery: Send + Sync + 'static {
     /// Subject, payload, headers and the rest of what was received.
     fn envelope(&self) -> &Envelope;
@@ -342,10 +344,11 @@ pub trait Delivery: Send + Sync + 'static {
     fn ack(self) -> impl Future<Output = Result<()>> + Send;
 
     /// Acks without waiting where the binding can: `Some` with the
-    /// result once the delivery is settled (dropping it then does
-    /// nothing), or `None` (the default) to settle it with
-    /// [`ack`](Self::ack). In place rather than by value: a delivery is
-    /// not moved (copied) on the path of every message.
+    /// result once the delivery is settled, or `None` (the default) to
+    /// settle it with [`ack`](Self::ack). After `Some` the delivery is
+    /// done: drop it (which then does nothing); settling it again is a
+    /// logic error a binding may panic on. In place rather than by value,
+    /// so the delivery is not moved (copied) on the path of every message.
     fn try_ack(&mut self) -> Option<Result<()>> {
         None
     }
