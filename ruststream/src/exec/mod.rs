@@ -57,10 +57,13 @@ use crate::binding::Subscription;
 /// wait and yield (the threads feeder wakes the threads it owes a wake-up).
 ///
 /// Spelled `receive!(let (delivery, permit) = $subscription, .., else:
-/// $none)` (`$none` a `break` or `return` out of the caller's loop, where
-/// `None` would end it) it binds the pair itself: the delivery is moved
-/// from the subscription into the caller's binding once, not through a
-/// value of the loop (an `Option` or a tuple) first.
+/// $none, again: $again)` it binds the pair itself, in the caller's scope:
+/// the delivery is moved from the subscription into the caller's binding
+/// once, not through a value of a loop (an `Option` or a tuple) first.
+/// `$none` is a `break` or `return` out of the caller's loop (where `None`
+/// would end it); `$again` a `continue` of it, taken after an empty look
+/// and a wait, so the step must open the caller's loop body, after nothing
+/// but what may run again.
 macro_rules! receive {
     (@take $delivery:pat, $permit:ident, $subscription:expr, $jobs:expr, $try:expr, $wait:expr, $stop:expr, $stopped:expr, $budget:expr, before_wait: $($before_wait:expr)?, none: $none:expr, again: $again:expr) => {
         // `$stop` and `$budget` are used where needed, not bound: a
