@@ -65,6 +65,7 @@ mod outcome;
 mod outgoing;
 mod pipeline;
 mod publisher;
+mod reply_port;
 #[cfg(feature = "config")]
 pub mod settings;
 mod spans;

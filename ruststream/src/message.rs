@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use crate::Text;
 use crate::meta_box::{Meta, MetaBox};
+use crate::reply_port::ReplyPort;
 
 /// Header names the runtime itself reads and writes.
 pub mod header {
@@ -52,6 +53,10 @@ pub struct Headers {
     first: Option<(Text, Text)>,
     rest: Vec<(Text, Text)>,
 }
+
+/// Room for this many headers beyond the first stays with a recycled
+/// message's metadata ([`Headers::clear`]).
+const KEPT_HEADERS: usize = 8;
 
 impl Headers {
     /// No headers.
@@ -118,6 +123,17 @@ impl Headers {
     /// True when there are no headers.
     pub fn is_empty(&self) -> bool {
         self.first.is_none()
+    }
+
+    /// Removes every header, keeping the list's room for the next message
+    /// unless it grew large.
+    pub(crate) fn clear(&mut self) {
+        self.first = None;
+        if self.rest.capacity() > KEPT_HEADERS {
+            self.rest = Vec::new();
+        } else {
+            self.rest.clear();
+        }
     }
 
     /// Bytes the names and values occupy; used for HWM accounting.
@@ -214,7 +230,18 @@ impl Message {
 
     /// Sets the subject a reply should go to.
     pub fn with_reply_to(mut self, subject: impl Into<Text>) -> Self {
-        self.meta_mut().reply_to = Some(subject.into());
+        let meta = self.meta_mut();
+        meta.reply_to = Some(subject.into());
+        meta.reply_port = None;
+        self
+    }
+
+    /// Makes it a request whose caller waits in this process, reached
+    /// through `port`.
+    pub(crate) fn with_reply_port(mut self, port: ReplyPort) -> Self {
+        let meta = self.meta_mut();
+        meta.reply_port = Some(port);
+        meta.reply_to = None;
         self
     }
 
@@ -246,7 +273,24 @@ impl Message {
 
     /// The reply subject, if any.
     pub fn reply_to(&self) -> Option<&Text> {
-        self.meta.as_ref()?.reply_to.as_ref()
+        let meta = self.meta.as_ref()?;
+        meta.reply_to
+            .as_ref()
+            .or_else(|| meta.reply_port.as_ref().map(ReplyPort::subject))
+    }
+
+    /// The caller's port, when the request's caller waits in this process.
+    pub(crate) fn reply_port(&self) -> Option<&ReplyPort> {
+        self.meta.as_ref()?.reply_port.as_ref()
+    }
+
+    /// Whether it is a request: someone waits for a reply (without making
+    /// its subject, as `reply_to` may).
+    #[inline]
+    pub(crate) fn expects_reply(&self) -> bool {
+        self.meta
+            .as_ref()
+            .is_some_and(|m| m.reply_to.is_some() || m.reply_port.is_some())
     }
 
     /// The correlation id, if any.
@@ -321,6 +365,17 @@ impl Envelope {
     /// Where a reply should be published, for requests.
     pub fn reply_to(&self) -> Option<&Text> {
         self.message.reply_to()
+    }
+
+    /// Whether it is a request (see [`Message::expects_reply`]).
+    #[inline]
+    pub(crate) fn expects_reply(&self) -> bool {
+        self.message.expects_reply()
+    }
+
+    /// The caller's port, when the request's caller waits in this process.
+    pub(crate) fn reply_port(&self) -> Option<&ReplyPort> {
+        self.message.reply_port()
     }
 
     /// Correlation id, if the publisher set one.

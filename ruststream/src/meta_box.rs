@@ -11,6 +11,7 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 
+use crate::reply_port::ReplyPort;
 use crate::{Headers, Text};
 
 /// A message's metadata (everything beyond its payload).
@@ -19,7 +20,21 @@ pub(crate) struct Meta {
     pub(crate) headers: Headers,
     pub(crate) key: Option<Text>,
     pub(crate) reply_to: Option<Text>,
+    /// A caller in this process to hand the reply to; `reply_to` is then
+    /// `None` and the port makes the subject if asked.
+    pub(crate) reply_port: Option<ReplyPort>,
     pub(crate) correlation_id: Option<Text>,
+}
+
+impl Meta {
+    /// Empties it in place: only the fields that hold something do any work.
+    fn clear(&mut self) {
+        self.headers.clear();
+        self.key = None;
+        self.reply_to = None;
+        self.reply_port = None;
+        self.correlation_id = None;
+    }
 }
 
 /// Boxes one thread keeps for reuse.
@@ -53,7 +68,7 @@ impl Drop for MetaBox {
         // used again.
         let mut meta = unsafe { ManuallyDrop::take(&mut self.0) };
         // Emptied before it is kept: a kept box holds no strings alive.
-        *meta = Meta::default();
+        meta.clear();
         let _ = FREE.try_with(|free| {
             if let Ok(mut free) = free.try_borrow_mut()
                 && free.len() < KEEP

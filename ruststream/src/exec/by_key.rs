@@ -156,7 +156,7 @@ pub(crate) async fn run<B: Broker, S: SendSubscriber>(
         };
         let key = unit.subscriber.key(&body, delivery.envelope());
         let bytes = delivery.envelope().frame_bytes();
-        if delivery.envelope().reply_to().is_some() {
+        if delivery.envelope().expects_reply() {
             // A request is a new submission with a caller waiting: a full
             // owner refuses it at once, with the reason (JQ-10).
             match owners.try_admit(key, (delivery, body), permit, bytes) {

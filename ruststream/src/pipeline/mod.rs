@@ -401,7 +401,7 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
             self.handled(Handled::Retried);
             return self.settled(delivery.nack().await);
         }
-        if !err.is_retry() && env.reply_to().is_some() {
+        if !err.is_retry() && env.expects_reply() {
             // A request the handler turned down: its caller gets the error
             // and decides; the service itself did nothing wrong.
             tracing::warn!(subject = %env.subject(), attempt, error = %err, dead_letter = self.dead_letter(), "{stage}; request rejected");

@@ -27,9 +27,9 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         status: Option<&'static str>,
     ) {
         let env = delivery.envelope();
-        let Some(reply_to) = env.reply_to() else {
+        if !env.expects_reply() {
             return;
-        };
+        }
         if let Some(status) = status {
             message
                 .headers_mut()
@@ -38,16 +38,33 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         if let Some(id) = env.correlation_id() {
             message = message.with_correlation_id(id.clone());
         }
-        let sent = crate::outgoing::send!(
-            self.app.outgoing(),
-            Reply,
-            self.broker.name(),
-            reply_to,
-            message,
-            self.broker.publish_message(reply_to, message, None)
-        );
+        let outgoing = self.app.outgoing();
+        let name = self.broker.name();
+        let sent = match env.reply_port() {
+            // The caller waits in this process: the reply goes straight to
+            // it (the subject is made only for an observer that reads it).
+            Some(port) => crate::outgoing::send!(
+                outgoing,
+                Reply,
+                name,
+                port.subject(),
+                message,
+                std::future::ready(Ok::<(), crate::Error>(port.complete(message)))
+            ),
+            None => {
+                let reply_to = env.reply_to().expect("a request has a reply subject");
+                crate::outgoing::send!(
+                    outgoing,
+                    Reply,
+                    name,
+                    reply_to,
+                    message,
+                    self.broker.publish_message(reply_to, message, None)
+                )
+            }
+        };
         if let Err(err) = sent {
-            tracing::warn!(subject = %env.subject(), reply_to = %reply_to, error = %err, "reply not published");
+            tracing::warn!(subject = %env.subject(), reply_to = ?env.reply_to(), error = %err, "reply not published");
         }
     }
 }

@@ -34,7 +34,7 @@ impl Broker for MemoryBroker {
             None => {
                 let queue = Arc::new(Queue::new(
                     self.inner.next_queue.fetch_add(1, Ordering::Relaxed),
-                    Text::from(format!("{}L", self.inner.inbox_prefix)),
+                    Text::from(format!("{}L", self.inner.inbox.prefix())),
                     options.subject.clone(),
                     options.queue_group.clone(),
                     options.dead_letter.clone(),

@@ -9,6 +9,7 @@ use super::inbox::Inbox;
 use super::registry::Registry;
 use super::shared::BrokerShared;
 use super::{Connection, Inner, MemoryBroker, NEXT_BROKER_ID, ReceiveRound};
+use crate::Text;
 use crate::config::CoreHwm;
 
 /// Settings for a [`MemoryBroker`].
@@ -87,8 +88,7 @@ impl MemoryBrokerBuilder {
                 budget: self.hwm.effective_budget_bytes(),
                 round: self.round,
                 publish_timeout: self.publish_timeout,
-                inbox_prefix: format!("_INBOX.{id}."),
-                inbox: Inbox::default(),
+                inbox: Inbox::new(Text::from(format!("_INBOX.{id}."))),
                 reply_lanes: Mutex::new(HashMap::new()),
                 next_queue: AtomicU64::new(1),
             }),

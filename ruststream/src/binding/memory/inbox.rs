@@ -14,7 +14,7 @@ use crate::{Envelope, Message, Text};
 /// How id `id` reads in a reply subject: `{slot}-{generation}`, two short
 /// hexadecimal numbers (the id itself, generation << 32 | slot, would run to
 /// 13 decimal digits and more once a slot is reused).
-pub(crate) fn id_parts(id: u64) -> [Part<'static>; 3] {
+fn id_parts(id: u64) -> [Part<'static>; 3] {
     [
         Part::Hex(id & u64::from(u32::MAX)),
         Part::Str("-"),
@@ -49,8 +49,9 @@ pub(crate) fn parse_id(text: &str) -> Option<u64> {
     (at == 1 && slot_digits > 0 && generation_digits > 0).then_some(generation << 32 | slot)
 }
 
-#[derive(Default)]
 pub(crate) struct Inbox {
+    /// `_INBOX.{broker}.`: every reply subject starts with it.
+    prefix: Text,
     state: Mutex<Slots>,
 }
 
@@ -60,7 +61,7 @@ struct Slots {
     /// Slots no request uses now.
     free: Vec<u32>,
     /// Where reply subjects are cut from: they live as long as their
-    /// request, so a round trip needs no allocation of its own for one.
+    /// request, so a request needs no allocation of its own for one.
     subjects: TextArena,
 }
 
@@ -69,20 +70,33 @@ struct Slot {
     /// Bumped whenever the slot is released, so old ids stop matching.
     generation: u32,
     open: bool,
-    /// The reply subject of the request: the subject its reply arrives with.
-    subject: Text,
+    /// The request's reply subject, once someone made it: a reply carries
+    /// it back.
+    subject: Option<Text>,
     reply: Option<Envelope>,
     waker: Option<Waker>,
 }
 
 impl Inbox {
+    pub(crate) fn new(prefix: Text) -> Self {
+        Inbox {
+            prefix,
+            state: Mutex::default(),
+        }
+    }
+
+    /// What every reply subject of this inbox starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     fn lock(&self) -> MutexGuard<'_, Slots> {
         self.state.lock()
     }
 
-    /// Opens a slot for a new request: its id, and its reply subject as
-    /// `subject` makes it from the id (in the inbox's subject arena).
-    pub(crate) fn open(&self, subject: impl FnOnce(&mut TextArena, u64) -> Text) -> (u64, Text) {
+    /// Opens a slot for a new request: its id. Its reply subject is made
+    /// only if asked for ([`Inbox::subject`]).
+    pub(crate) fn open(&self) -> u64 {
         let mut state = self.lock();
         let index = match state.free.pop() {
             Some(index) => index,
@@ -91,26 +105,39 @@ impl Inbox {
                 (state.slots.len() - 1) as u32
             }
         };
-        let state = &mut *state;
         let slot = &mut state.slots[index as usize];
-        let id = u64::from(slot.generation) << 32 | u64::from(index);
-        let subject = subject(&mut state.subjects, id);
         slot.open = true;
-        slot.subject = subject.clone();
-        (id, subject)
+        u64::from(slot.generation) << 32 | u64::from(index)
+    }
+
+    /// The reply subject of request `id`: `{prefix}{id}`, or
+    /// `{prefix}L{queue}.{id}` when its reply comes back through the
+    /// single-lane queue `lane`. Made once per request (kept by its slot)
+    /// and cut from the inbox's subject arena.
+    pub(crate) fn subject(&self, id: u64, lane: Option<u64>) -> Text {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let Some(slot) = Self::slot(&mut state.slots, id) else {
+            // The request ended: a reply to this subject is late.
+            return subject(&mut state.subjects, &self.prefix, lane, id);
+        };
+        slot.subject
+            .get_or_insert_with(|| subject(&mut state.subjects, &self.prefix, lane, id))
+            .clone()
     }
 
     /// Hands `message` to the request `id` if it still waits and has no
     /// reply yet; `false` for a late, duplicate or unknown reply.
     pub(crate) fn complete(&self, id: u64, message: Message) -> bool {
         let mut state = self.lock();
-        let Some(slot) = Self::slot(&mut state, id) else {
+        let Some(slot) = Self::slot(&mut state.slots, id) else {
             return false;
         };
         if slot.reply.is_some() {
             return false;
         }
-        slot.reply = Some(Envelope::new(slot.subject.clone(), message));
+        let subject = slot.subject.clone().unwrap_or_else(|| self.prefix.clone());
+        slot.reply = Some(Envelope::new(subject, message));
         let waker = slot.waker.take();
         drop(state);
         if let Some(waker) = waker {
@@ -122,7 +149,7 @@ impl Inbox {
     /// The reply of request `id`, once it arrived.
     pub(crate) fn poll_reply(&self, id: u64, cx: &mut Context<'_>) -> Poll<Envelope> {
         let mut state = self.lock();
-        let Some(slot) = Self::slot(&mut state, id) else {
+        let Some(slot) = Self::slot(&mut state.slots, id) else {
             unreachable!("a request's slot stays open until the request ends")
         };
         if let Some(reply) = slot.reply.take() {
@@ -138,14 +165,10 @@ impl Inbox {
     /// Releases the slot of request `id`, however the request ended.
     pub(crate) fn close(&self, id: u64) {
         let mut state = self.lock();
-        let Some(slot) = Self::slot(&mut state, id) else {
+        let Some(slot) = Self::slot(&mut state.slots, id) else {
             return;
         };
-        let released = (
-            slot.reply.take(),
-            slot.waker.take(),
-            std::mem::take(&mut slot.subject),
-        );
+        let released = (slot.reply.take(), slot.waker.take(), slot.subject.take());
         slot.open = false;
         slot.generation = slot.generation.wrapping_add(1);
         state.free.push(id as u32);
@@ -154,9 +177,26 @@ impl Inbox {
         drop(released);
     }
 
-    fn slot(state: &mut Slots, id: u64) -> Option<&mut Slot> {
-        let slot = state.slots.get_mut(id as u32 as usize)?;
+    fn slot(slots: &mut [Slot], id: u64) -> Option<&mut Slot> {
+        let slot = slots.get_mut(id as u32 as usize)?;
         (slot.open && u64::from(slot.generation) == id >> 32).then_some(slot)
+    }
+}
+
+/// `{prefix}{id}`, or `{prefix}L{queue}.{id}` for a single-lane reply.
+fn subject(arena: &mut TextArena, prefix: &str, lane: Option<u64>, id: u64) -> Text {
+    let [slot, dash, generation] = id_parts(id);
+    match lane {
+        None => arena.concat(&[Part::Str(prefix), slot, dash, generation]),
+        Some(queue) => arena.concat(&[
+            Part::Str(prefix),
+            Part::Str("L"),
+            Part::Decimal(queue),
+            Part::Str("."),
+            slot,
+            dash,
+            generation,
+        ]),
     }
 }
 
@@ -167,16 +207,17 @@ mod tests {
     use super::{Inbox, parse_id};
     use crate::{Message, Text};
 
-    fn subject(_: &mut crate::text::TextArena, id: u64) -> Text {
-        Text::from(format!("_INBOX.1.{id}"))
+    fn inbox() -> Inbox {
+        Inbox::new(Text::from_static("_INBOX.1."))
     }
 
     #[test]
     fn a_reply_for_a_released_slot_never_completes_the_request_that_reuses_it() {
-        let inbox = Inbox::default();
-        let (old, _) = inbox.open(subject);
+        let inbox = inbox();
+        let old = inbox.open();
         inbox.close(old);
-        let (new, reply_to) = inbox.open(subject);
+        let new = inbox.open();
+        let reply_to = inbox.subject(new, None);
         assert_eq!(new as u32, old as u32, "the slot is reused");
         assert!(
             !inbox.complete(old, Message::new("stale")),
@@ -192,6 +233,23 @@ mod tests {
         assert_eq!(reply.subject(), &reply_to);
         inbox.close(new);
         assert!(!inbox.complete(new, Message::new("late")));
+    }
+
+    #[test]
+    fn a_request_keeps_one_reply_subject_and_a_reply_without_one_names_the_inbox() {
+        let inbox = inbox();
+        let id = inbox.open();
+        let subject = inbox.subject(id, None);
+        assert!(subject.starts_with("_INBOX.1."), "{subject}");
+        assert_eq!(parse_id(&subject["_INBOX.1.".len()..]), Some(id));
+        assert_eq!(inbox.subject(id, None), subject, "made once per request");
+        let unnamed = inbox.open();
+        assert!(inbox.complete(unnamed, Message::new("direct")));
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(reply) = inbox.poll_reply(unnamed, &mut cx) else {
+            panic!("the reply arrived");
+        };
+        assert_eq!(reply.subject().as_str(), "_INBOX.1.");
     }
 
     #[test]

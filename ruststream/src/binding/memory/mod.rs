@@ -117,7 +117,6 @@ pub(crate) struct Inner {
     budget: usize,
     round: ReceiveRound,
     publish_timeout: Duration,
-    inbox_prefix: String,
     inbox: Inbox,
     /// Single-lane reply queues by queue id (see [`MemorySubscription::requester`]).
     reply_lanes: Mutex<HashMap<u64, std::sync::Weak<Queue>>>,

@@ -179,10 +179,10 @@ impl Future for Publish<'_, '_> {
                 // publish, the whole prefix only for candidates.
                 if subject.as_bytes().first() == Some(&b'_')
                     && !this.request
-                    && subject.starts_with(inner.inbox_prefix.as_str())
+                    && subject.starts_with(inner.inbox.prefix())
                 {
                     let message = take_message(message);
-                    let rest = &subject[inner.inbox_prefix.len()..];
+                    let rest = &subject[inner.inbox.prefix().len()..];
                     let Some(lane) = rest.strip_prefix('L') else {
                         // Two-lane: the completion lane, straight to the caller.
                         inner.complete(rest, subject, message);

@@ -12,7 +12,7 @@ use super::inbox;
 use super::queue::Queue;
 use super::{Deadline, Inner, MemoryBroker, connection_closed};
 use crate::binding::Requester;
-use crate::text::{Part, TextArena};
+use crate::reply_port::{ReplyInbox, ReplyPort};
 use crate::{Envelope, Error, Message, Result, Text};
 
 impl Inner {
@@ -37,7 +37,7 @@ impl Inner {
     /// its caller without a permit.
     pub(crate) fn complete_lane_reply(&self, env: Envelope) {
         let subject = env.subject().clone();
-        let id = subject[self.inbox_prefix.len()..]
+        let id = subject[self.inbox.prefix().len()..]
             .split('.')
             .nth(1)
             .unwrap_or("");
@@ -47,12 +47,30 @@ impl Inner {
     /// Completion supply: a reply goes straight to its waiting caller.
     /// A reply for a request that already ended is dropped: first terminal wins.
     pub(super) fn complete(&self, id: &str, subject: &str, message: Message) {
-        let completed = inbox::parse_id(id).is_some_and(|id| self.inbox.complete(id, message));
-        if !completed {
-            crate::metrics::late_reply("memory");
-            tracing::debug!(subject, "late or unknown reply dropped");
+        match inbox::parse_id(id) {
+            Some(id) => ReplyInbox::complete(self, id, message),
+            None => late_reply(subject),
         }
     }
+}
+
+/// A handler's reply to a two-lane request reaches its caller here, with no
+/// subject on the way.
+impl ReplyInbox for Inner {
+    fn complete(&self, id: u64, reply: Message) {
+        if !self.inbox.complete(id, reply) {
+            late_reply(self.inbox.prefix());
+        }
+    }
+
+    fn subject(&self, id: u64) -> Text {
+        self.inbox.subject(id, None)
+    }
+}
+
+fn late_reply(subject: &str) {
+    crate::metrics::late_reply("memory");
+    tracing::debug!(subject, "late or unknown reply dropped");
 }
 
 /// `future`'s output if it is ready now or once this task has yielded to
@@ -86,24 +104,6 @@ impl Drop for InboxGuard<'_> {
     }
 }
 
-/// `{prefix}{id}`, or `{prefix}L{queue}.{id}` for a single-lane reply: cut
-/// from the inbox's subject arena, shared by the request and the inbox slot.
-fn inbox_subject(arena: &mut TextArena, prefix: &str, lane: Option<u64>, id: u64) -> Text {
-    let [slot, dash, generation] = inbox::id_parts(id);
-    match lane {
-        None => arena.concat(&[Part::Str(prefix), slot, dash, generation]),
-        Some(queue) => arena.concat(&[
-            Part::Str(prefix),
-            Part::Str("L"),
-            Part::Decimal(queue),
-            Part::Str("."),
-            slot,
-            dash,
-            generation,
-        ]),
-    }
-}
-
 impl Requester for MemoryBroker {
     fn send_request(
         &self,
@@ -127,19 +127,18 @@ impl MemoryBroker {
     ) -> Result<Envelope> {
         let inner = &*self.inner;
         self.ensure_open()?;
-        let (id, reply_to) = inner
-            .inbox
-            .open(|arena, id| inbox_subject(arena, &inner.inbox_prefix, lane, id));
+        let id = inner.inbox.open();
         let _guard = InboxGuard { inner, id };
+        let message = match lane {
+            // Its reply travels the lane's queue, by subject.
+            Some(queue) => message.with_reply_to(inner.inbox.subject(id, Some(queue))),
+            // A handler's reply is handed over directly.
+            None => message.with_reply_port(ReplyPort::new(self.inner.clone(), id)),
+        };
         // The publish of a request never waits for space (JQ-19: a full
         // queue refuses it at once), so it needs no deadline of its own.
         inner
-            .publish(
-                Some(&self.conn),
-                subject,
-                message.with_reply_to(reply_to),
-                Deadline::After(timeout),
-            )
+            .publish(Some(&self.conn), subject, message, Deadline::After(timeout))
             .request()
             .await?;
         let mut reply = std::pin::pin!(std::future::poll_fn(|cx| inner.inbox.poll_reply(id, cx)));
