@@ -43,14 +43,10 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         let sent = match env.reply_port() {
             // The caller waits in this process: the reply goes straight to
             // it (the subject is made only for an observer that reads it).
-            Some(port) => crate::outgoing::send!(
-                outgoing,
-                Reply,
-                name,
-                port.subject(),
-                message,
-                std::future::ready(Ok::<(), crate::Error>(port.complete(message)))
-            ),
+            Some(port) => crate::outgoing::send!(outgoing, Reply, name, port.subject(), message, {
+                port.complete(message);
+                std::future::ready(Ok::<(), crate::Error>(()))
+            }),
             None => {
                 let reply_to = env.reply_to().expect("a request has a reply subject");
                 crate::outgoing::send!(
