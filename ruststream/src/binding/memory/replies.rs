@@ -73,21 +73,24 @@ fn late_reply(subject: &str) {
     tracing::debug!(subject, "late or unknown reply dropped");
 }
 
-/// `future`'s output if it is ready now or once this task has yielded to
-/// the others once; `None` if it is still pending then. A reply from a
-/// handler on the same runtime usually comes back within that one yield, and
-/// then the request never arms (and clears) a timer of its own: the timer
-/// was most of a round trip's cost.
+/// `future`'s output if it is ready once this task has yielded to the
+/// others once; `None` if it is still pending then. A reply from a handler
+/// on the same runtime usually comes back within that one yield, and then
+/// the request never arms (and clears) a timer of its own: the timer was
+/// most of a round trip's cost. It is not polled before the yield: a
+/// request just published has no reply yet.
 async fn after_one_yield<F: Future>(mut future: Pin<&mut F>) -> Option<F::Output> {
     let mut yielded = false;
-    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
-        Poll::Ready(output) => Poll::Ready(Some(output)),
-        Poll::Pending if !yielded => {
+    std::future::poll_fn(|cx| {
+        if !yielded {
             yielded = true;
             cx.waker().wake_by_ref();
-            Poll::Pending
+            return Poll::Pending;
         }
-        Poll::Pending => Poll::Ready(None),
+        Poll::Ready(match future.as_mut().poll(cx) {
+            Poll::Ready(output) => Some(output),
+            Poll::Pending => None,
+        })
     })
     .await
 }
