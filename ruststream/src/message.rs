@@ -128,10 +128,13 @@ impl Headers {
     /// Removes every header, keeping the list's room for the next message
     /// unless it grew large.
     pub(crate) fn clear(&mut self) {
-        self.first = None;
+        if self.first.is_some() {
+            // Dropped where it lies, not moved out first.
+            self.first = None;
+        }
         if self.rest.capacity() > KEPT_HEADERS {
             self.rest = Vec::new();
-        } else {
+        } else if !self.rest.is_empty() {
             self.rest.clear();
         }
     }
@@ -239,9 +242,18 @@ impl Message {
     /// Makes it a request whose caller waits in this process, reached
     /// through `port`.
     pub(crate) fn with_reply_port(mut self, port: ReplyPort) -> Self {
-        let meta = self.meta_mut();
-        meta.reply_port = Some(port);
-        meta.reply_to = None;
+        match &mut self.meta {
+            Some(meta) => {
+                meta.reply_port = Some(port);
+                meta.reply_to = None;
+            }
+            // A new box is empty: nothing to clear (a request's usual case).
+            None => {
+                let mut meta = MetaBox::new();
+                meta.reply_port = Some(port);
+                self.meta = Some(meta);
+            }
+        }
         self
     }
 

@@ -1,6 +1,6 @@
 //! The memory Core's subscription stream and delivery handle.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::sync::{Arc, Weak};
 use std::task::{Poll, ready};
 
@@ -32,8 +32,8 @@ impl Subscription for MemorySubscription {
             .map(|flow| Arc::clone(flow) as Arc<dyn ReceiveFlow>)
     }
 
-    async fn ready(&mut self) -> bool {
-        self.queue.wait_ready(&self.conn).await
+    fn ready(&mut self) -> impl Future<Output = bool> + Send {
+        self.queue.wait_ready(&self.conn)
     }
 
     async fn next(&mut self) -> Option<MemoryDelivery> {

@@ -38,7 +38,6 @@ impl Inner {
     ) -> Publish<'a, 's> {
         Publish {
             inner: self,
-            request: false,
             state: PublishState::Start {
                 peer: conn.map_or(0, |conn| conn.id),
                 conn,
@@ -46,6 +45,27 @@ impl Inner {
                 message: Some(message),
                 deadline,
             },
+        }
+    }
+
+    /// The publish of a request, from connection `conn`: a plain call, as it
+    /// never waits (JQ-19: a full or paused queue refuses it at once), and
+    /// the route lookup that admits it also finds whether anyone responds
+    /// (`NoResponders` if nobody does). Its subject is never an inbox's: a
+    /// request is no reply.
+    pub(super) fn publish_request(
+        &self,
+        conn: &Connection,
+        subject: &str,
+        message: Message,
+    ) -> Result<()> {
+        if conn.is_closed() {
+            return Err(connection_closed());
+        }
+        match self.publish_now(conn.id, subject, message, true) {
+            Ok(()) => Ok(()),
+            Err(Stalled::Failed(err)) => Err(err),
+            Err(Stalled::Full(refused)) => refused.refuse_request(),
         }
     }
 
@@ -126,18 +146,7 @@ impl Deadline {
 /// poll rather than nested `async` state.
 pub(crate) struct Publish<'a, 's> {
     inner: &'a Inner,
-    /// A request: no subscribers is `NoResponders`, and an inbox subject is
-    /// no reply.
-    request: bool,
     state: PublishState<'a, 's>,
-}
-
-impl Publish<'_, '_> {
-    /// Makes this the publish of a request: the route lookup that admits it also finds whether anyone responds.
-    pub(super) fn request(mut self) -> Self {
-        self.request = true;
-        self
-    }
 }
 
 enum PublishState<'a, 's> {
@@ -178,7 +187,6 @@ impl Future for Publish<'_, '_> {
                 // Inbox subjects start with `_`: one byte compare on every
                 // publish, the whole prefix only for candidates.
                 if subject.as_bytes().first() == Some(&b'_')
-                    && !this.request
                     && subject.starts_with(inner.inbox.prefix())
                 {
                     let message = take_message(message);
@@ -215,14 +223,9 @@ impl Future for Publish<'_, '_> {
                     // still lets the other tasks of its runtime run.
                     ready!(crate::coop::poll_publish(cx));
                     let message = take_message(message);
-                    match inner.publish_now(peer, subject, message, this.request) {
+                    match inner.publish_now(peer, subject, message, false) {
                         Ok(()) => return Poll::Ready(Ok(())),
                         Err(Stalled::Failed(err)) => return Poll::Ready(Err(err)),
-                        // JQ-19: a request does not wait for space.
-                        Err(Stalled::Full(refused)) if this.request => {
-                            this.state = PublishState::Done;
-                            return Poll::Ready(refused.refuse_request());
-                        }
                         Err(Stalled::Full(waiting)) => {
                             let deadline = *deadline;
                             this.state = PublishState::Waiting(Box::pin(

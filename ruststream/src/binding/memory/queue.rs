@@ -15,8 +15,9 @@
 //!   if the queue were full. The pause and the byte HWM are independent
 //!   blockers: resuming lifts only the pause.
 
+use std::future::Future;
 use std::future::poll_fn;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
@@ -284,27 +285,14 @@ impl Queue {
     /// permit only once there is something to receive; it then takes
     /// the frame with [`try_pop`](Self::try_pop), which may find it gone to
     /// another member of the group (it waits again).
-    pub(crate) async fn wait_ready(&self, conn: &Connection) -> bool {
-        let mut reader = Reader {
-            queue: self,
-            token: None,
-        };
-        poll_fn(|cx| {
-            let mut state = self.lock();
-            // A closed connection takes nothing more (`try_pop` is never
-            // called), so it must not look ready.
-            if state.closed || conn.is_closed() {
-                state.readers.forget(reader.token.take());
-                return Poll::Ready(false);
-            }
-            if state.lanes.iter().any(|lane| !lane.items.is_empty()) {
-                state.readers.forget(reader.token.take());
-                return Poll::Ready(true);
-            }
-            state.readers.register(&mut reader.token, cx.waker());
-            Poll::Pending
-        })
-        .await
+    pub(crate) fn wait_ready<'a>(&'a self, conn: &'a Connection) -> WaitReady<'a> {
+        WaitReady {
+            reader: Reader {
+                queue: self,
+                token: None,
+            },
+            conn,
+        }
     }
 
     /// Wakes every consumer waiting on this queue, to look again.
@@ -461,6 +449,35 @@ impl Queue {
 /// A consumer's place among a queue's [`Waiters`] while it waits. Dropped
 /// after it was woken for a frame it never took (its wait was cancelled),
 /// it hands the wake-up on, so the frame does not sit while others wait.
+/// The future of [`Queue::wait_ready`]: by hand, so a consumer's every wait
+/// is one poll function and not nested `async` state.
+pub(crate) struct WaitReady<'a> {
+    reader: Reader<'a>,
+    conn: &'a Connection,
+}
+
+impl Future for WaitReady<'_> {
+    type Output = bool;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let this = self.get_mut();
+        let reader = &mut this.reader;
+        let mut state = reader.queue.lock();
+        // A closed connection takes nothing more (`try_pop` is never
+        // called), so it must not look ready.
+        if state.closed || this.conn.is_closed() {
+            state.readers.forget(reader.token.take());
+            return Poll::Ready(false);
+        }
+        if state.lanes.iter().any(|lane| !lane.items.is_empty()) {
+            state.readers.forget(reader.token.take());
+            return Poll::Ready(true);
+        }
+        state.readers.register(&mut reader.token, cx.waker());
+        Poll::Pending
+    }
+}
+
 struct Reader<'a> {
     queue: &'a Queue,
     token: Option<u64>,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::delivery::LaneRequester;
 use super::inbox;
 use super::queue::Queue;
-use super::{Deadline, Inner, MemoryBroker, connection_closed};
+use super::{Inner, MemoryBroker, connection_closed};
 use crate::binding::Requester;
 use crate::reply_port::{ReplyInbox, ReplyPort};
 use crate::{Envelope, Error, Message, Result, Text};
@@ -129,7 +129,6 @@ impl MemoryBroker {
         timeout: Duration,
     ) -> Result<Envelope> {
         let inner = &*self.inner;
-        self.ensure_open()?;
         let id = inner.inbox.open();
         let _guard = InboxGuard { inner, id };
         let message = match lane {
@@ -138,12 +137,7 @@ impl MemoryBroker {
             // A handler's reply is handed over directly.
             None => message.with_reply_port(ReplyPort::new(self.inner.clone(), id)),
         };
-        // The publish of a request never waits for space (JQ-19: a full
-        // queue refuses it at once), so it needs no deadline of its own.
-        inner
-            .publish(Some(&self.conn), subject, message, Deadline::After(timeout))
-            .request()
-            .await?;
+        inner.publish_request(&self.conn, subject, message)?;
         let mut reply = std::pin::pin!(std::future::poll_fn(|cx| inner.inbox.poll_reply(id, cx)));
         if let Some(reply) = after_one_yield(reply.as_mut()).await {
             return Ok(reply);
