@@ -168,7 +168,10 @@ impl Inbox {
         let Some(slot) = Self::slot(&mut state.slots, id) else {
             return;
         };
-        let released = (slot.reply.take(), slot.waker.take(), slot.subject.take());
+        // Usually empty by now (the reply taken, no waker left, no subject
+        // made): only what is there is moved out.
+        let released = (slot.reply.is_some() || slot.waker.is_some() || slot.subject.is_some())
+            .then(|| (slot.reply.take(), slot.waker.take(), slot.subject.take()));
         slot.open = false;
         slot.generation = slot.generation.wrapping_add(1);
         state.free.push(id as u32);

@@ -73,28 +73,6 @@ fn late_reply(subject: &str) {
     tracing::debug!(subject, "late or unknown reply dropped");
 }
 
-/// `future`'s output if it is ready once this task has yielded to the
-/// others once; `None` if it is still pending then. A reply from a handler
-/// on the same runtime usually comes back within that one yield, and then
-/// the request never arms (and clears) a timer of its own: the timer was
-/// most of a round trip's cost. It is not polled before the yield: a
-/// request just published has no reply yet.
-async fn after_one_yield<F: Future>(mut future: Pin<&mut F>) -> Option<F::Output> {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if !yielded {
-            yielded = true;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        Poll::Ready(match future.as_mut().poll(cx) {
-            Poll::Ready(output) => Some(output),
-            Poll::Pending => None,
-        })
-    })
-    .await
-}
-
 /// Releases a request's inbox slot however the request ends.
 struct InboxGuard<'a> {
     inner: &'a Inner,
@@ -139,7 +117,22 @@ impl MemoryBroker {
         };
         inner.publish_request(&self.conn, subject, message)?;
         let mut reply = std::pin::pin!(std::future::poll_fn(|cx| inner.inbox.poll_reply(id, cx)));
-        if let Some(reply) = after_one_yield(reply.as_mut()).await {
+        // A reply from a handler on the same runtime usually comes back
+        // while this task yields once, and then the request never arms (and
+        // clears) a timer of its own: the timer was most of a round trip's
+        // cost. A request just published has no reply yet, so the inbox is
+        // looked at only after the yield.
+        let mut yielded = false;
+        let at_once = std::future::poll_fn(|cx| {
+            if !yielded {
+                yielded = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(reply.as_mut().poll(cx))
+        })
+        .await;
+        if let Poll::Ready(reply) = at_once {
             return Ok(reply);
         }
         // The clock is read only now, for a reply that did not come at once:
