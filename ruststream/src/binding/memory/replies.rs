@@ -2,7 +2,6 @@
 //! (two lanes), and replies that travel a subscription's own FIFO (one lane).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
