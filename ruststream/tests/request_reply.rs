@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::{frame, queue, until, within};
 use ruststream::binding::memory::CoreHwm;
+use ruststream::extract::ReplyTo;
 use ruststream::ingress::JobQueueSettings;
 use ruststream::prelude::*;
 use ruststream::{Error, SubscribeOptions};
@@ -250,4 +251,71 @@ async fn jq24_19_two_lane_completions_progress_while_ordinary_permits_are_satura
     );
     caller.shutdown().await.unwrap();
     service.shutdown().await.unwrap();
+}
+
+// ------------------------------------------- replies handed straight over
+
+/// Answers through its request's reply subject itself, then returns
+/// another answer.
+#[subscriber("direct.manual")]
+async fn answers_itself(n: u64, reply_to: ReplyTo, ctx: Ctx) -> Result<u64, HandlerError> {
+    ctx.publish(reply_to.0.as_str(), &(n * 10)).await?;
+    Ok(n)
+}
+
+#[subscriber("direct.plain")]
+async fn doubles(n: u64) -> u64 {
+    n * 2
+}
+
+/// A two-lane request's reply goes straight to its caller, and its reply
+/// subject still works for whoever reads it: a handler that answers there
+/// itself is heard first, and what it returns after is a late reply,
+/// dropped (first terminal wins). The caller of the next request, which
+/// takes over the same inbox slot, gets its own answer, not the stale one.
+#[tokio::test]
+async fn a_reply_subject_read_by_the_handler_answers_first_and_the_return_value_is_late() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .broker(broker.clone())
+        .subscriber(answers_itself)
+        .subscriber(doubles)
+        .start()
+        .await
+        .unwrap();
+    let manual: u64 = within(
+        5,
+        "the handler's own answer",
+        Publisher::new(broker.clone()).request("direct.manual", &4u64, Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        manual, 40,
+        "the answer sent to the reply subject came first"
+    );
+    for n in 1..=3u64 {
+        let reply = within(
+            5,
+            "a plain reply",
+            broker.request_message(
+                "direct.plain",
+                Message::new(n.to_string()),
+                Duration::from_secs(5),
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.payload(), (n * 2).to_string().as_bytes());
+        assert_eq!(
+            reply.headers().get("content-type"),
+            Some("application/json")
+        );
+        assert!(
+            reply.subject().starts_with("_INBOX."),
+            "a reply names its inbox: {}",
+            reply.subject()
+        );
+    }
+    running.shutdown().await.unwrap();
 }

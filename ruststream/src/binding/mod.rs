@@ -458,7 +458,7 @@ pub fn reply_result(reply: Envelope) -> Result<Envelope> {
 
 /// The failure a reply reports, if it reports one (read in place: the
 /// reply itself is not moved on the way).
-fn reply_error(reply: &Envelope) -> Option<Error> {
+pub(crate) fn reply_error(reply: &Envelope) -> Option<Error> {
     let error = || reply.headers().get(header::ERROR).unwrap_or("").to_owned();
     match reply.headers().get(header::STATUS)? {
         PROTOCOL_ERROR => Some(Error::Protocol(error())),

@@ -106,9 +106,12 @@ macro_rules! invoke {
                         {
                             unit.metrics.acked();
                             let message = unit.reply_message(reply);
-                            let replied = {
-                                let reply = ::std::pin::pin!(unit.reply(&$delivery, message, None));
-                                $crate::pipeline::or_abort(reply, aborted.as_mut()).await
+                            let replied = match unit.reply_at_once(&$delivery, message) {
+                                None => Some(()),
+                                Some(message) => {
+                                    let reply = ::std::pin::pin!(unit.reply(&$delivery, message, None));
+                                    $crate::pipeline::or_abort(reply, aborted.as_mut()).await
+                                }
                             };
                             match replied {
                                 Some(()) => $crate::pipeline::invoke!(@ack unit, $delivery, aborted),

@@ -17,6 +17,27 @@ impl<B: Broker, S: Subscriber> Unit<B, S> {
         reply
     }
 
+    /// Hands a handler's reply straight to its caller when the caller waits
+    /// in this process and nothing observes outgoing messages: `None` then.
+    /// Otherwise the message comes back, for [`reply`](Self::reply).
+    #[inline]
+    pub(crate) fn reply_at_once<D: Delivery>(
+        &self,
+        delivery: &D,
+        message: Message,
+    ) -> Option<Message> {
+        let env = delivery.envelope();
+        match env.reply_port() {
+            Some(port)
+                if env.correlation_id().is_none() && self.app.outgoing().observed().is_none() =>
+            {
+                port.complete(message);
+                None
+            }
+            _ => Some(message),
+        }
+    }
+
     /// Publishes a reply when the delivery is a request. A reply that cannot be
     /// published is logged: the caller's own timeout reports it.
     /// A failed reply carries its `status`; a successful one none.

@@ -73,7 +73,7 @@ struct Slot {
     /// The request's reply subject, once someone made it: a reply carries
     /// it back.
     subject: Option<Text>,
-    reply: Option<Envelope>,
+    reply: Option<Message>,
     waker: Option<Waker>,
 }
 
@@ -136,8 +136,7 @@ impl Inbox {
         if slot.reply.is_some() {
             return false;
         }
-        let subject = slot.subject.clone().unwrap_or_else(|| self.prefix.clone());
-        slot.reply = Some(Envelope::new(subject, message));
+        slot.reply = Some(message);
         let waker = slot.waker.take();
         drop(state);
         if let Some(waker) = waker {
@@ -153,7 +152,10 @@ impl Inbox {
             unreachable!("a request's slot stays open until the request ends")
         };
         if let Some(reply) = slot.reply.take() {
-            return Poll::Ready(reply);
+            // It arrived by the request's subject if one was made; straight
+            // from a handler otherwise, and then it names the inbox.
+            let subject = slot.subject.clone().unwrap_or_else(|| self.prefix.clone());
+            return Poll::Ready(Envelope::new(subject, reply));
         }
         match &mut slot.waker {
             Some(waker) if waker.will_wake(cx.waker()) => {}

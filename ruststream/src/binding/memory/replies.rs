@@ -91,8 +91,29 @@ impl Requester for MemoryBroker {
         message: Message,
         timeout: Duration,
     ) -> impl Future<Output = Result<Envelope>> + Send {
-        self.request_via(None, subject, message, timeout)
+        self.request_via(None, subject, message, timeout, Reply::AsItCame)
     }
+
+    /// The same request as [`send_request`](Self::send_request), checked in
+    /// place: one future, not one inside another.
+    fn request_message(
+        &self,
+        subject: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Envelope>> + Send {
+        self.request_via(None, subject, message, timeout, Reply::Checked)
+    }
+}
+
+/// What a request hands back.
+#[derive(Clone, Copy, PartialEq)]
+enum Reply {
+    /// The reply as it came ([`Requester::send_request`]).
+    AsItCame,
+    /// A reply that reports a failure as that error
+    /// ([`Requester::request_message`]).
+    Checked,
 }
 
 impl MemoryBroker {
@@ -104,6 +125,7 @@ impl MemoryBroker {
         subject: &str,
         message: Message,
         timeout: Duration,
+        wants: Reply,
     ) -> Result<Envelope> {
         let inner = &*self.inner;
         let id = inner.inbox.open();
@@ -131,15 +153,22 @@ impl MemoryBroker {
             Poll::Ready(reply.as_mut().poll(cx))
         })
         .await;
-        if let Poll::Ready(reply) = at_once {
-            return Ok(reply);
+        let reply = match at_once {
+            Poll::Ready(reply) => reply,
+            // The clock is read only now, for a reply that did not come at
+            // once: the publish before never waits, so the timeout starts
+            // one turn of the runtime later than the call, not more.
+            Poll::Pending => tokio::time::timeout(timeout, reply)
+                .await
+                .map_err(|_| Error::Timeout(timeout))?,
+        };
+        match wants {
+            Reply::Checked => match crate::binding::reply_error(&reply) {
+                None => Ok(reply),
+                Some(err) => Err(err),
+            },
+            Reply::AsItCame => Ok(reply),
         }
-        // The clock is read only now, for a reply that did not come at once:
-        // the publish before never waits, so the timeout starts one turn of
-        // the runtime later than the call, not more.
-        tokio::time::timeout(timeout, reply)
-            .await
-            .map_err(|_| Error::Timeout(timeout))
     }
 }
 
@@ -160,9 +189,8 @@ impl LaneRequester {
         let Some(broker) = &self.broker else {
             return Err(connection_closed());
         };
-        let reply = broker
-            .request_via(Some(self.lane), subject, message, timeout)
-            .await?;
-        crate::binding::reply_result(reply)
+        broker
+            .request_via(Some(self.lane), subject, message, timeout, Reply::Checked)
+            .await
     }
 }
