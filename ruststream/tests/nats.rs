@@ -169,6 +169,74 @@ async fn a_jetstream_request_to_a_stream_subject_is_refused_and_core_requests_wo
     js.delete_stream().await.unwrap();
 }
 
+// ----------------------------------------------------------- bad subjects
+
+/// A subject NATS cannot take (empty, or with whitespace, which would break
+/// the protocol's framing) is refused at once with `Error::Config`, on every
+/// publish path, before anything reaches the server; the connection goes on
+/// working, for a subject it used before as well as for a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_nats_cannot_take_is_refused_and_the_connection_goes_on() {
+    let prefix = unique("badsubj");
+    let nats = nats().await;
+    let good = format!("{prefix}.good");
+    let mut sub = nats
+        .subscribe(SubscribeOptions::new(good.as_str()))
+        .await
+        .unwrap();
+    nats.client().flush().await.unwrap();
+    nats.publish_message(&good, Message::new("1"), None)
+        .await
+        .unwrap();
+    let refused = |result: Result<()>, what: &str| match result {
+        Err(Error::Config(why)) => assert!(why.contains("not a NATS subject"), "{what}: {why}"),
+        other => panic!("{what}: expected a configuration error, got {other:?}"),
+    };
+    for bad in [
+        format!("{prefix} bad"),
+        format!("{prefix}.\tbad"),
+        String::new(),
+    ] {
+        refused(
+            nats.publish_message(&bad, Message::new("x"), None).await,
+            "a payload",
+        );
+        refused(
+            nats.publish_message(&bad, Message::new("x").with_header("h", "v"), None)
+                .await,
+            "a message with headers",
+        );
+        refused(
+            nats.request_message(&bad, Message::new("x"), Duration::from_secs(5))
+                .await
+                .map(drop),
+            "a request",
+        );
+    }
+    let js = nats
+        .jetstream(
+            StreamSpec::new(stream_name(&prefix), [format!("{prefix}.js.>")]).memory_storage(),
+        )
+        .await
+        .unwrap();
+    refused(
+        js.publish_message(&format!("{prefix}.js. x"), Message::new("x"), None)
+            .await,
+        "a JetStream publish",
+    );
+    js.delete_stream().await.unwrap();
+    nats.publish_message(&good, Message::new("2"), None)
+        .await
+        .unwrap();
+    for expected in ["1", "2"] {
+        let delivery = within(5, "a message after the refusals", sub.next())
+            .await
+            .expect("the subscription is open");
+        assert_eq!(delivery.envelope().payload(), expected.as_bytes());
+        delivery.ack().await.unwrap();
+    }
+}
+
 // ------------------------------------------------------------- nak delay
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -206,6 +206,7 @@ impl Broker for JetStream {
         deadline: Option<Instant>,
     ) -> Result<()> {
         self.nats.ensure_open()?;
+        convert::check_subject(subject)?;
         let deadline = self.nats.deadline(deadline);
         let headers = convert::headers(&message)?.unwrap_or_default();
         let payload = message.payload().clone();

@@ -189,6 +189,9 @@ impl NatsBrokerBuilder {
         let mut options = ConnectOptions::new()
             .subscription_capacity(self.subscription_capacity)
             .connection_timeout(self.connection_timeout)
+            // Every publish path checks its subject itself, once per new
+            // subject rather than on every message (`convert::check_subject`).
+            .skip_subject_validation(true)
             .event_callback(move |event| {
                 observed.observe(&event);
                 connection_event(event);
@@ -248,7 +251,12 @@ impl NatsBroker {
         NatsBrokerBuilder::default()
     }
 
-    /// The underlying `async-nats` client.
+    /// The underlying `async-nats` client. It is connected with
+    /// `skip_subject_validation(true)`: the broker checks the subject of
+    /// each of its own publishes (an empty one, or one with whitespace, is
+    /// [`Error::Config`]), once per new subject rather than on every
+    /// message. Check a subject you publish to through this client yourself:
+    /// the server closes a connection that sends it one with whitespace.
     pub fn client(&self) -> &Client {
         &self.client
     }
@@ -300,7 +308,7 @@ fn outbound(subject: &str, message: Message) -> Result<async_nats::message::Outb
         .reply_to()
         .map(|r| async_nats::Subject::from(r.as_str()));
     Ok(async_nats::message::OutboundMessage {
-        subject: convert::publish_subject(subject),
+        subject: convert::publish_subject(subject)?,
         reply,
         payload: message.into_payload(),
         headers,
@@ -347,7 +355,7 @@ impl Future for CorePublish<'_, '_> {
             // is pending it sent nothing (it waited for room), and the
             // message goes on boxed.
             let first = if payload_only(&message) {
-                let subject = convert::publish_subject(this.subject);
+                let subject = convert::publish_subject(this.subject)?;
                 poll_once(client.publish(subject, message.payload().clone()), cx)
             } else {
                 let outbound = outbound(this.subject, message.clone())?;
@@ -450,6 +458,7 @@ impl Requester for NatsBroker {
         timeout: Duration,
     ) -> Result<Envelope> {
         self.ensure_open()?;
+        convert::check_subject(subject)?;
         let mut request = async_nats::Request::new()
             .payload(message.payload().clone())
             .timeout(Some(timeout));
