@@ -49,6 +49,15 @@ impl NatsSubscription {
             return None;
         }
         let mut cx = Context::from_waker(Waker::noop());
+        let shared = &self.shared;
+        if shared.redeliveries.load(Ordering::Acquire) == 0 {
+            // The common case, made into a delivery where it is received:
+            // the client's message (~200 bytes) is not moved on the way.
+            let Poll::Ready(Some(message)) = Pin::new(&mut self.main).poll_next(&mut cx) else {
+                return None;
+            };
+            return Some(self.delivery(message, false));
+        }
         match self.poll_message(&mut cx, false) {
             Poll::Ready(Some((message, redelivered))) => Some(self.delivery(message, redelivered)),
             _ => None,
