@@ -22,6 +22,9 @@ pub(crate) trait ReplyInbox: Send + Sync + 'static {
 /// The reply address of one request whose caller waits in this process.
 #[derive(Clone)]
 pub(crate) struct ReplyPort {
+    /// Strong: a request waiting in one of the broker's queues keeps the
+    /// broker alive only as long as that queue holds frames, and a queue
+    /// drops its frames when its last subscription leaves.
     inbox: Arc<dyn ReplyInbox>,
     id: u64,
     /// Made on first read: most replies never need it.
