@@ -436,13 +436,7 @@ pub trait Requester: Broker {
     ) -> impl Future<Output = Result<Envelope>> + Send {
         // Made inside the block: a request future built outside would be
         // moved into it, a copy of its whole state on every request.
-        async move {
-            let reply = self.send_request(subject, message, timeout).await?;
-            match reply_error(&reply) {
-                None => Ok(reply),
-                Some(err) => Err(err),
-            }
-        }
+        async move { reply_result(self.send_request(subject, message, timeout).await?) }
     }
 }
 
@@ -450,21 +444,12 @@ pub trait Requester: Broker {
 /// [`Requester::request_message`] does with the reply
 /// [`Requester::send_request`] returns.
 pub fn reply_result(reply: Envelope) -> Result<Envelope> {
-    match reply_error(&reply) {
-        None => Ok(reply),
-        Some(err) => Err(err),
-    }
-}
-
-/// The failure a reply reports, if it reports one (read in place: the
-/// reply itself is not moved on the way).
-pub(crate) fn reply_error(reply: &Envelope) -> Option<Error> {
     let error = || reply.headers().get(header::ERROR).unwrap_or("").to_owned();
-    match reply.headers().get(header::STATUS)? {
-        PROTOCOL_ERROR => Some(Error::Protocol(error())),
-        "handler-error" => Some(Error::Handler(error())),
-        "structural-limit" => Some(Error::StructuralLimit(error())),
-        _ => None,
+    match reply.headers().get(header::STATUS) {
+        Some(PROTOCOL_ERROR) => Err(Error::Protocol(error())),
+        Some("handler-error") => Err(Error::Handler(error())),
+        Some("structural-limit") => Err(Error::StructuralLimit(error())),
+        _ => Ok(reply),
     }
 }
 

@@ -163,10 +163,7 @@ impl MemoryBroker {
                 .map_err(|_| Error::Timeout(timeout))?,
         };
         match wants {
-            Reply::Checked => match crate::binding::reply_error(&reply) {
-                None => Ok(reply),
-                Some(err) => Err(err),
-            },
+            Reply::Checked => crate::binding::reply_result(reply),
             Reply::AsItCame => Ok(reply),
         }
     }
