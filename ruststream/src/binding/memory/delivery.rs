@@ -1,6 +1,6 @@
 //! The memory Core's subscription stream and delivery handle.
 
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::sync::{Arc, Weak};
 use std::task::{Poll, ready};
 

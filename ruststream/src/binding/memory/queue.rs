@@ -15,7 +15,6 @@
 //!   if the queue were full. The pause and the byte HWM are independent
 //!   blockers: resuming lifts only the pause.
 
-use std::future::Future;
 use std::future::poll_fn;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -446,9 +445,6 @@ impl Queue {
     }
 }
 
-/// A consumer's place among a queue's [`Waiters`] while it waits. Dropped
-/// after it was woken for a frame it never took (its wait was cancelled),
-/// it hands the wake-up on, so the frame does not sit while others wait.
 /// The future of [`Queue::wait_ready`]: by hand, so a consumer's every wait
 /// is one poll function and not nested `async` state.
 pub(crate) struct WaitReady<'a> {
@@ -478,6 +474,9 @@ impl Future for WaitReady<'_> {
     }
 }
 
+/// A consumer's place among a queue's [`Waiters`] while it waits. Dropped
+/// after it was woken for a frame it never took (its wait was cancelled),
+/// it hands the wake-up on, so the frame does not sit while others wait.
 struct Reader<'a> {
     queue: &'a Queue,
     token: Option<u64>,

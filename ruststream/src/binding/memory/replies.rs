@@ -107,7 +107,7 @@ impl Requester for MemoryBroker {
 }
 
 /// What a request hands back.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Reply {
     /// The reply as it came ([`Requester::send_request`]).
     AsItCame,

@@ -122,8 +122,8 @@ pub(crate) fn publish_subject(subject: &str) -> Result<async_nats::Subject> {
     })
 }
 
-/// Whether NATS takes `subject` in a publish or a request: not empty, and
-/// no whitespace, which would break the protocol's framing. The broker's
+/// Refuses a subject NATS cannot take in a publish or a request: it must
+/// not be empty, nor hold whitespace, which would break the protocol's framing. The broker's
 /// client is told not to check every publish (the check was a third of a
 /// publish's cost in the client), so every publish path checks here, and
 /// [`publish_subject`] only for a subject it has not seen last.
