@@ -252,6 +252,7 @@ async fn raw(n: u64) -> Result<Measurement, BoxError> {
             let record = consumer.recv().await?;
             std::hint::black_box(Bytes::copy_from_slice(record.payload().unwrap_or_default()));
             consumer.commit_message(&record, CommitMode::Async)?;
+            progress::seen();
             seen += 1;
         }
         Ok::<(), BoxError>(())

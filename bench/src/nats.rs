@@ -76,7 +76,8 @@ async fn core(n: u64) -> Result<Measurement, BoxError> {
     Ok(start.until(end))
 }
 
-/// Raw: one client subscribes and counts, the same client publishes.
+/// Raw: one client subscribes and counts each message as the framework's
+/// handler does ([`progress::seen`]), the same client publishes.
 async fn raw_core(n: u64) -> Result<Measurement, BoxError> {
     let client = raw_client().await?;
     let mut sub = client.subscribe("bench.nats.raw").await?;
@@ -84,6 +85,7 @@ async fn raw_core(n: u64) -> Result<Measurement, BoxError> {
     let consumer = tokio::spawn(async move {
         let mut seen = 0;
         while sub.next().await.is_some() {
+            progress::seen();
             seen += 1;
             if seen == n {
                 return Mark::now();
@@ -163,7 +165,7 @@ async fn js(n: u64) -> Result<Measurement, BoxError> {
 }
 
 /// Raw: a durable pull consumer read with `messages()` (async-nats keeps
-/// pulls going in the background), acking each message.
+/// pulls going in the background), acking and counting each message.
 async fn raw_js(n: u64) -> Result<Measurement, BoxError> {
     let stream = format!("BENCHJS_RAW_{}", std::process::id());
     let client = raw_client().await?;
@@ -187,6 +189,7 @@ async fn raw_js(n: u64) -> Result<Measurement, BoxError> {
     let mut seen = 0;
     while let Some(message) = messages.next().await {
         message?.ack().await?;
+        progress::seen();
         seen += 1;
         if seen == n {
             break;

@@ -128,6 +128,7 @@ async fn raw(n: u64) -> Result<Measurement, BoxError> {
         let delivery = delivery?;
         std::hint::black_box(Bytes::from(delivery.data));
         delivery.acker.ack(BasicAckOptions::default()).await?;
+        progress::seen();
         seen += 1;
         if seen == n {
             break;

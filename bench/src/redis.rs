@@ -126,6 +126,7 @@ async fn raw(n: u64) -> Result<Measurement, BoxError> {
                 if let Some(redis::Value::BulkString(payload)) = entry.map.get("p") {
                     std::hint::black_box(Bytes::from(payload.clone()));
                 }
+                progress::seen();
                 entry.id
             })
             .collect();

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, HeaderValue};
 
+use super::subjects;
 use crate::{Envelope, Error, Message, Result, Text};
 
 /// Header carrying [`Message::key`].
@@ -85,57 +86,29 @@ pub(crate) fn envelope(subject: &str, message: Message, attempt: u32) -> Envelop
 }
 
 /// The [`Text`] of the subjects a subscription receives on: a subscription
-/// without wildcards always sees the same one, so it is allocated once, not
-/// per message.
+/// without wildcards always sees the same one, so it is made once, not per
+/// message, and kept static ([`subjects::intern`]) so that handing it to each
+/// delivery counts no references.
 #[derive(Default)]
 pub(crate) struct SubjectCache(Option<Text>);
 
 impl SubjectCache {
+    /// The cache of a subscription to `subject`, holding it already when
+    /// it names one subject (no `*` or `>` token).
+    pub(crate) fn of(subject: &str) -> Self {
+        let literal = !subject.split('.').any(|token| token == "*" || token == ">");
+        SubjectCache(
+            literal
+                .then(|| subjects::intern(subject))
+                .flatten()
+                .map(Text::from_static),
+        )
+    }
+
     pub(crate) fn text(&mut self, subject: &str) -> Text {
         match &self.0 {
             Some(text) if text.as_str() == subject => text.clone(),
             _ => self.0.insert(Text::from(subject)).clone(),
         }
     }
-}
-
-thread_local! {
-    /// The subject this thread published to last: a publisher usually sends
-    /// to the same few subjects, and a cached `Subject` clones without
-    /// allocating.
-    static LAST_SUBJECT: std::cell::RefCell<Option<async_nats::Subject>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// The NATS subject for a publish to `subject`: checked when it is not the
-/// one cached ([`check_subject`]).
-pub(crate) fn publish_subject(subject: &str) -> Result<async_nats::Subject> {
-    LAST_SUBJECT.with(|last| {
-        let mut last = last.borrow_mut();
-        match &*last {
-            Some(cached) if cached.as_str() == subject => Ok(cached.clone()),
-            _ => {
-                check_subject(subject)?;
-                Ok(last.insert(async_nats::Subject::from(subject)).clone())
-            }
-        }
-    })
-}
-
-/// Refuses a subject NATS cannot take in a publish or a request: it must
-/// not be empty, nor hold whitespace, which would break the protocol's framing. The broker's
-/// client is told not to check every publish (the check was a third of a
-/// publish's cost in the client), so every publish path checks here, and
-/// [`publish_subject`] only for a subject it has not seen last.
-pub(crate) fn check_subject(subject: &str) -> Result<()> {
-    if subject.is_empty()
-        || subject
-            .bytes()
-            .any(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
-    {
-        return Err(Error::Config(format!(
-            "{subject:?} is not a NATS subject to publish to: it is empty or holds whitespace"
-        )));
-    }
-    Ok(())
 }

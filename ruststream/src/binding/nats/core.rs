@@ -151,7 +151,7 @@ impl NatsSubscription {
             .map_err(|err| crate::Error::Transport(err.into()))?;
         Ok(NatsSubscription {
             ahead: None,
-            subjects: convert::SubjectCache::default(),
+            subjects: convert::SubjectCache::of(&subject),
             main,
             redeliver,
             shared: Arc::new(Shared {

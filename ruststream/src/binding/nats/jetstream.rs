@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::durable;
 use super::given_up::{self, GivenUp};
 use super::pull::Puller;
-use super::{NatsBroker, convert};
+use super::{NatsBroker, convert, subjects};
 use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Broker, Delivery, Requester, RetryAfter, SubscribeOptions, Subscription};
 use crate::ingress::ReceiveFlow;
@@ -206,7 +206,7 @@ impl Broker for JetStream {
         deadline: Option<Instant>,
     ) -> Result<()> {
         self.nats.ensure_open()?;
-        convert::check_subject(subject)?;
+        subjects::check_subject(subject)?;
         let deadline = self.nats.deadline(deadline);
         let headers = convert::headers(&message)?.unwrap_or_default();
         let payload = message.payload().clone();
@@ -360,7 +360,7 @@ impl JetStreamSubscription {
         .await?;
         Ok(JetStreamSubscription {
             ahead: None,
-            subjects: convert::SubjectCache::default(),
+            subjects: convert::SubjectCache::of(options.subject.as_str()),
             puller: Puller::new(
                 consumer,
                 js.nats.client.clone(),

@@ -41,6 +41,7 @@ mod given_up;
 mod jetstream;
 mod pull;
 mod reconnects;
+mod subjects;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -190,7 +191,7 @@ impl NatsBrokerBuilder {
             .subscription_capacity(self.subscription_capacity)
             .connection_timeout(self.connection_timeout)
             // Every publish path checks its subject itself, once per new
-            // subject rather than on every message (`convert::check_subject`).
+            // subject rather than on every message (`subjects::check_subject`).
             .skip_subject_validation(true)
             .event_callback(move |event| {
                 observed.observe(&event);
@@ -308,7 +309,7 @@ fn outbound(subject: &str, message: Message) -> Result<async_nats::message::Outb
         .reply_to()
         .map(|r| async_nats::Subject::from(r.as_str()));
     Ok(async_nats::message::OutboundMessage {
-        subject: convert::publish_subject(subject)?,
+        subject: subjects::publish_subject(subject)?,
         reply,
         payload: message.into_payload(),
         headers,
@@ -355,7 +356,7 @@ impl Future for CorePublish<'_, '_> {
             // is pending it sent nothing (it waited for room), and the
             // message goes on boxed.
             let first = if payload_only(&message) {
-                let subject = convert::publish_subject(this.subject)?;
+                let subject = subjects::publish_subject(this.subject)?;
                 poll_once(client.publish(subject, message.payload().clone()), cx)
             } else {
                 let outbound = outbound(this.subject, message.clone())?;
@@ -458,7 +459,7 @@ impl Requester for NatsBroker {
         timeout: Duration,
     ) -> Result<Envelope> {
         self.ensure_open()?;
-        convert::check_subject(subject)?;
+        subjects::check_subject(subject)?;
         let mut request = async_nats::Request::new()
             .payload(message.payload().clone())
             .timeout(Some(timeout));
