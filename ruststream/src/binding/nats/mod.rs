@@ -256,7 +256,8 @@ impl NatsBroker {
     /// `skip_subject_validation(true)`: the broker checks the subject of
     /// each of its own publishes (an empty one, or one with whitespace, is
     /// [`Error::Config`]), once per new subject rather than on every
-    /// message. Check a subject you publish to through this client yourself:
+    /// message (subjects are kept for the life of the process, up to 64 KiB
+    /// in all). Check a subject you publish to through this client yourself:
     /// the server closes a connection that sends it one with whitespace.
     pub fn client(&self) -> &Client {
         &self.client
