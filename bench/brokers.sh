@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Framework vs the raw client of each broker in the same binary, 100k x 512 B
-# messages, each counted through the same shared counter on both sides: NATS core pub/sub, JetStream consumption with one ack per
-# message, Redis Streams read 100 at a time (a handler per message, and a
-# batch handler of up to 100). Prints the median msgs/s of 5
+# messages, each counted through the same shared counter on both sides:
+# NATS core pub/sub, JetStream consumption with one ack per message, Redis
+# Streams read 100 at a time (a handler per message, and a batch handler of
+# up to 100). Prints the median msgs/s of 5
 # interleaved rounds and the framework/raw ratio. Needs NATS with JetStream
 # (RUSTSTREAM_NATS_URL, default 127.0.0.1:4222) and Redis
 # (RUSTSTREAM_REDIS_URL, default 127.0.0.1:6379). Kafka: a consumer group
