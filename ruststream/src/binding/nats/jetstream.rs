@@ -206,14 +206,14 @@ impl Broker for JetStream {
         deadline: Option<Instant>,
     ) -> Result<()> {
         self.nats.ensure_open()?;
-        subjects::check_subject(subject)?;
+        let subject = subjects::publish_subject(subject)?;
         let deadline = self.nats.deadline(deadline);
         let headers = convert::headers(&message)?.unwrap_or_default();
-        let payload = message.payload().clone();
+        let payload = message.into_payload();
         let publish = async {
             let ack = self
                 .context
-                .publish_with_headers(subject.to_owned(), headers, payload)
+                .publish_with_headers(subject, headers, payload)
                 .await
                 .map_err(|err| Error::Transport(err.into()))?;
             ack.await.map_err(|err| Error::Transport(err.into()))

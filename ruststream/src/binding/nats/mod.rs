@@ -191,7 +191,7 @@ impl NatsBrokerBuilder {
             .subscription_capacity(self.subscription_capacity)
             .connection_timeout(self.connection_timeout)
             // Every publish path checks its subject itself, once per new
-            // subject rather than on every message (`subjects::check_subject`).
+            // subject rather than on every message (`subjects::publish_subject`).
             .skip_subject_validation(true)
             .event_callback(move |event| {
                 observed.observe(&event);
@@ -460,14 +460,15 @@ impl Requester for NatsBroker {
         timeout: Duration,
     ) -> Result<Envelope> {
         self.ensure_open()?;
-        subjects::check_subject(subject)?;
+        let to = subjects::publish_subject(subject)?;
+        let headers = convert::headers(&message)?;
         let mut request = async_nats::Request::new()
-            .payload(message.payload().clone())
+            .payload(message.into_payload())
             .timeout(Some(timeout));
-        if let Some(headers) = convert::headers(&message)? {
+        if let Some(headers) = headers {
             request = request.headers(headers);
         }
-        match self.client.send_request(subject.to_owned(), request).await {
+        match self.client.send_request(to, request).await {
             Ok(reply) => {
                 let message = convert::message(reply.payload, reply.headers.as_ref(), None);
                 Ok(convert::envelope(reply.subject.as_str(), message, 1))

@@ -73,9 +73,9 @@ pub(crate) fn intern(subject: &str) -> Option<&'static str> {
 /// not be empty, nor hold whitespace, which would break the protocol's
 /// framing. The broker's client is told not to check every publish (the
 /// check was a third of a publish's cost in the client), so every publish
-/// path checks here, and [`publish_subject`] only for a subject it has not
-/// seen last.
-pub(crate) fn check_subject(subject: &str) -> Result<()> {
+/// and request goes through [`publish_subject`], which checks a subject it
+/// has not seen last.
+fn check_subject(subject: &str) -> Result<()> {
     if subject.is_empty()
         || subject
             .bytes()
