@@ -239,6 +239,37 @@ async fn a_subject_nats_cannot_take_is_refused_and_the_connection_goes_on() {
 
 // ------------------------------------------------------------- nak delay
 
+/// Publish subjects are kept for the life of the process up to 64 KiB in
+/// all; past that room each publish copies its subject. Either way every
+/// message goes out on its own subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_subjects_than_are_kept_all_reach_their_subscribers() {
+    let prefix = unique("manysubj");
+    let nats = nats().await;
+    let mut sub = nats
+        .subscribe(SubscribeOptions::new(format!("{prefix}.>")))
+        .await
+        .unwrap();
+    nats.client().flush().await.unwrap();
+    // 100 subjects of ~1 KB: more than the 64 KiB kept, whatever other
+    // tests in this process kept before.
+    let long = "s".repeat(1000);
+    let subject = |i: usize| format!("{prefix}.{long}.{i}");
+    for i in 0..100 {
+        nats.publish_message(&subject(i), Message::new(i.to_string()), None)
+            .await
+            .unwrap();
+    }
+    for i in 0..100 {
+        let delivery = within(5, "a message on a long subject", sub.next())
+            .await
+            .expect("the subscription is open");
+        assert_eq!(delivery.envelope().subject().as_str(), subject(i));
+        assert_eq!(delivery.envelope().payload(), i.to_string().as_bytes());
+        delivery.ack().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_nak_with_delay_redelivers_no_sooner() {
     let prefix = unique("nak");
