@@ -21,11 +21,11 @@ use crate::{Error, Result};
 /// The bytes of subject text kept for the life of the process: services
 /// publish to a few subjects, and one minting a subject per message (an
 /// id in it) stops adding to the set here.
-pub(crate) const INTERNED_BYTES: usize = 64 * 1024;
+const INTERNED_BYTES: usize = 64 * 1024;
 
-/// Every subject kept, and their bytes.
-static INTERNED: LazyLock<Mutex<(HashSet<&'static str>, usize)>> =
-    LazyLock::new(|| Mutex::new((HashSet::new(), 0)));
+/// The subjects kept for the process.
+static INTERNED: LazyLock<Mutex<Interner>> =
+    LazyLock::new(|| Mutex::new(Interner::new(INTERNED_BYTES)));
 
 thread_local! {
     /// The subject this thread published to last: a publisher usually sends
@@ -51,22 +51,44 @@ pub(crate) fn publish_subject(subject: &str) -> Result<Subject> {
     })
 }
 
-/// `subject` kept for the life of the process; `None` once the set is full.
+/// `subject` kept for the life of the process; `None` once the process's
+/// room for subjects is full.
 pub(crate) fn intern(subject: &str) -> Option<&'static str> {
-    let mut interned = INTERNED
+    INTERNED
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let (set, bytes) = &mut *interned;
-    if let Some(kept) = set.get(subject) {
-        return Some(kept);
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .keep(subject)
+}
+
+/// A set of strings kept for the life of the process, up to a bound.
+struct Interner {
+    kept: HashSet<&'static str>,
+    bytes: usize,
+    limit: usize,
+}
+
+impl Interner {
+    fn new(limit: usize) -> Self {
+        Interner {
+            kept: HashSet::new(),
+            bytes: 0,
+            limit,
+        }
     }
-    if *bytes + subject.len() > INTERNED_BYTES {
-        return None;
+
+    /// The kept copy of `s`, made now if there is room for it.
+    fn keep(&mut self, s: &str) -> Option<&'static str> {
+        if let Some(kept) = self.kept.get(s) {
+            return Some(kept);
+        }
+        if self.bytes + s.len() > self.limit {
+            return None;
+        }
+        let kept: &'static str = Box::leak(s.into());
+        self.kept.insert(kept);
+        self.bytes += kept.len();
+        Some(kept)
     }
-    let kept: &'static str = Box::leak(subject.into());
-    set.insert(kept);
-    *bytes += kept.len();
-    Some(kept)
 }
 
 /// Refuses a subject NATS cannot take in a publish or a request: it must
@@ -115,17 +137,16 @@ mod tests {
     }
 
     #[test]
-    fn past_the_bound_subjects_are_copied_not_kept() {
-        // Fill the set (other tests share it: fill whatever is left).
-        let long = "x".repeat(1000);
-        let mut n = 0;
-        while intern(&format!("{long}.{n}")).is_some() {
-            n += 1;
-            assert!(n <= INTERNED_BYTES / 1000, "the set never filled");
-        }
-        let subject = publish_subject(&format!("{long}.past")).unwrap();
-        assert_eq!(subject.as_str(), format!("{long}.past"));
-        // Copied: not remembered, so not kept either.
-        assert!(intern(&format!("{long}.past")).is_none());
+    fn past_its_bound_an_interner_keeps_nothing_more() {
+        let mut interner = Interner::new(10);
+        let a = interner.keep("a.b.c").unwrap();
+        assert_eq!(
+            interner.keep("a.b.c"),
+            Some(a),
+            "found again, not kept twice"
+        );
+        assert!(interner.keep("d.e.f").is_some());
+        assert_eq!(interner.keep("g.h.i"), None, "10 bytes are taken");
+        assert_eq!(interner.keep("a.b.c"), Some(a), "what is kept stays");
     }
 }
