@@ -4,7 +4,8 @@
 # NATS core pub/sub, JetStream consumption with one ack per message, Redis
 # Streams read 100 at a time (a handler per message, and a batch handler of
 # up to 100). Prints the median msgs/s of 5
-# interleaved rounds and the framework/raw ratio. Needs NATS with JetStream
+# interleaved rounds, the framework/raw ratio of those medians, and the
+# median of the rounds' own ratios (`paired`). Needs NATS with JetStream
 # (RUSTSTREAM_NATS_URL, default 127.0.0.1:4222) and Redis
 # (RUSTSTREAM_REDIS_URL, default 127.0.0.1:6379). Kafka: a consumer group
 # reading preloaded records, framework vs a raw rdkafka StreamConsumer
@@ -36,12 +37,16 @@ for ((round = 1; round <= rounds; round++)); do
     rates[$s]+="$("$bin" "$s" "$n" | field msgs_per_s) "
   done
 done
-printf '%-16s %12s %8s\n' scenario msgs/s vs-raw
+# paired: the median of each round's own ratio (the two ran back to back),
+# steadier than the ratio of medians when the machine's speed drifts.
+paired() { paste -d' ' <(tr -s ' ' '\n' <<<"$1" | grep .) <(tr -s ' ' '\n' <<<"$2" | grep .) | awk '{ print $1 / $2 }' | median; }
+printf '%-16s %12s %8s %8s\n' scenario msgs/s vs-raw paired
 for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "redis-streams-batch raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka" "mqtt raw-mqtt" "mqtt raw-mqtt-main"; do
   read -r fw raw <<<"$pair"
   [[ -n "${rates[$fw]:-}" ]] || continue
   f=$(echo "${rates[$fw]}" | median)
   r=$(echo "${rates[$raw]}" | median)
   printf '%-16s %12.0f %8s\n' "$raw" "$r" "1.00"
-  printf '%-16s %12.0f %8.3f\n' "$fw" "$f" "$(awk -v f="$f" -v r="$r" 'BEGIN { print f / r }')"
+  printf '%-16s %12.0f %8.3f %8.3f\n' "$fw" "$f" "$(awk -v f="$f" -v r="$r" 'BEGIN { print f / r }')" \
+    "$(paired "${rates[$fw]}" "${rates[$raw]}")"
 done
