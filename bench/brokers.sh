@@ -41,7 +41,7 @@ done
 # steadier than the ratio of medians when the machine's speed drifts.
 paired() { paste -d' ' <(tr -s ' ' '\n' <<<"$1" | grep .) <(tr -s ' ' '\n' <<<"$2" | grep .) | awk '{ print $1 / $2 }' | median; }
 printf '%-16s %12s %8s %8s\n' scenario msgs/s vs-raw paired
-for pair in "nats-core raw-nats-core" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "redis-streams-batch raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka" "mqtt raw-mqtt" "mqtt raw-mqtt-main"; do
+for pair in "nats-core raw-nats-core" "nats-json raw-nats-json" "nats-js raw-nats-js" "redis-streams raw-redis-streams" "redis-streams-batch raw-redis-streams" "rabbitmq raw-rabbitmq" "kafka raw-kafka" "mqtt raw-mqtt" "mqtt raw-mqtt-main"; do
   read -r fw raw <<<"$pair"
   [[ -n "${rates[$fw]:-}" ]] || continue
   f=$(echo "${rates[$fw]}" | median)

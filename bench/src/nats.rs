@@ -1,6 +1,8 @@
 //! NATS scenarios, each next to the raw `async-nats` client doing the same
 //! work in the same process: 512-byte payloads, core pub/sub, and JetStream
-//! consumption with one ack per message. They need a server on
+//! consumption with one ack per message; and typed core pub/sub, as most
+//! services use it: a small JSON order published with its `content-type`
+//! header and decoded by the handler. They need a server on
 //! `RUSTSTREAM_NATS_URL` (default `nats://127.0.0.1:4222`); `bench/brokers.sh`
 //! runs them and prints the ratios.
 
@@ -14,7 +16,14 @@ use crate::progress;
 use crate::scenarios::{Mark, Measurement};
 
 /// The scenarios that need NATS.
-pub const NAMES: &[&str] = &["nats-core", "raw-nats-core", "nats-js", "raw-nats-js"];
+pub const NAMES: &[&str] = &[
+    "nats-core",
+    "raw-nats-core",
+    "nats-json",
+    "raw-nats-json",
+    "nats-js",
+    "raw-nats-js",
+];
 
 const PAYLOAD: usize = 512;
 /// Messages a core subscription may buffer, the same for both sides: core
@@ -26,6 +35,8 @@ pub async fn run(name: &str, n: u64) -> Option<Result<Measurement, BoxError>> {
     Some(match name {
         "nats-core" => core(n).await,
         "raw-nats-core" => raw_core(n).await,
+        "nats-json" => json(n).await,
+        "raw-nats-json" => raw_json(n).await,
         "nats-js" => js(n).await,
         "raw-nats-js" => raw_js(n).await,
         _ => return None,
@@ -99,6 +110,114 @@ async fn raw_core(n: u64) -> Result<Measurement, BoxError> {
     let start = Mark::now();
     for _ in 0..n {
         client.publish("bench.nats.rw", payload.clone()).await?;
+    }
+    client.flush().await?;
+    let end = consumer.await?;
+    Ok(start.until(end))
+}
+
+/// The order both typed scenarios publish (~90 bytes of JSON).
+#[derive(serde::Serialize)]
+struct OrderOut<'a> {
+    id: u64,
+    customer: &'a str,
+    amount_cents: u64,
+    currency: &'a str,
+}
+
+impl OrderOut<'static> {
+    fn new(id: u64) -> Self {
+        OrderOut {
+            id,
+            customer: "customer-0042",
+            amount_cents: 129_900,
+            currency: "EUR",
+        }
+    }
+}
+
+/// The order as both typed handlers decode it.
+#[derive(serde::Deserialize)]
+struct Order {
+    id: u64,
+    customer: String,
+    amount_cents: u64,
+    currency: String,
+}
+
+impl Order {
+    /// Reads every field, so that decoding cannot be optimised away.
+    fn check(&self) {
+        std::hint::black_box((self.id, &self.customer, self.amount_cents, &self.currency));
+    }
+}
+
+/// Framework, typed: a [`Publisher`](ruststream::Publisher) publishes each
+/// order as JSON (with its `content-type` header, as every codec-encoded
+/// message carries), a handler takes it decoded.
+async fn json(n: u64) -> Result<Measurement, BoxError> {
+    #[subscriber("bench.nats.fj")]
+    async fn take(order: Order) {
+        order.check();
+        progress::seen();
+    }
+    progress::expect(n);
+    let nats = NatsBroker::builder()
+        .subscription_capacity(CAPACITY)
+        .connect(&url())
+        .await?;
+    let running = App::new()
+        .broker(nats.clone())
+        .subscriber(take)
+        .start()
+        .await?;
+    let publisher = ruststream::Publisher::new(nats.clone());
+    let start = Mark::now();
+    for id in 0..n {
+        publisher.publish("bench.nats.fj", &OrderOut::new(id)).await?;
+    }
+    nats.client().flush().await?;
+    progress::all_seen().await;
+    let end = Mark::now();
+    running.shutdown().await?;
+    Ok(start.until(end))
+}
+
+/// Raw, typed: the same orders encoded with `serde_json`, published with a
+/// `content-type` header, and decoded by a consumer that checks the header
+/// as the framework does.
+async fn raw_json(n: u64) -> Result<Measurement, BoxError> {
+    const JSON: &str = "application/json";
+    let client = raw_client().await?;
+    let mut sub = client.subscribe("bench.nats.rj").await?;
+    client.flush().await?;
+    let consumer = tokio::spawn(async move {
+        let mut seen = 0;
+        while let Some(message) = sub.next().await {
+            let typed = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("content-type"))
+                .is_some_and(|v| v.as_str() == JSON);
+            if let (true, Ok(order)) = (typed, serde_json::from_slice::<Order>(&message.payload)) {
+                order.check();
+            }
+            progress::seen();
+            seen += 1;
+            if seen == n {
+                return Mark::now();
+            }
+        }
+        Mark::now()
+    });
+    let start = Mark::now();
+    for id in 0..n {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("content-type", JSON);
+        let payload = serde_json::to_vec(&OrderOut::new(id))?;
+        client
+            .publish_with_headers("bench.nats.rj", headers, payload.into())
+            .await?;
     }
     client.flush().await?;
     let end = consumer.await?;

@@ -31,8 +31,8 @@ impl<T: DeserializeOwned> Decode<T> for Cbor {
 
 impl<T: Serialize + ?Sized> Encode<T> for Cbor {
     fn encode(value: &T) -> Result<Bytes, BoxError> {
-        let mut out = Vec::new();
-        ciborium::into_writer(value, &mut out)?;
-        Ok(Bytes::from(out))
+        Ok(super::encode_with_scratch(|buf| {
+            ciborium::into_writer(value, buf)
+        })?)
     }
 }

@@ -133,6 +133,10 @@ pub trait Encode<T: ?Sized>: Codec {
 /// assert!(!same_media_type("application/msgpack", "application/json"));
 /// ```
 pub fn same_media_type(content_type: &str, expected: &str) -> bool {
+    // The common case first: the type as a codec stamps it.
+    if content_type == expected {
+        return true;
+    }
     let media = content_type.split(';').next().unwrap_or_default().trim();
     media.eq_ignore_ascii_case(expected)
 }
@@ -172,8 +176,39 @@ pub(crate) fn decode_reply<C: Decode<R>, R>(reply: &Envelope) -> crate::Result<R
     C::decode(reply.payload()).map_err(Error::Decode)
 }
 
-/// Encoded values up to this size take the one-allocation path.
-const SMALL: usize = 256;
+/// A thread's scratch buffer above this capacity is not kept: one large
+/// message does not hold its memory for the life of the thread.
+const SCRATCH_KEPT: usize = 64 * 1024;
+
+std::thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `write` into a scratch buffer of this thread, then copied out at its
+/// exact size: one allocation per encoded value whatever its size, where a
+/// `Vec` grown for the value and handed to `Bytes` costs its growth and, for
+/// spare capacity, `Bytes`' own header. (Re-entered, from an encoder inside
+/// `write`, it writes into a fresh `Vec`.)
+pub(crate) fn encode_with_scratch<E>(
+    write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<Bytes, E> {
+    let mut write = Some(write);
+    let kept = SCRATCH.try_with(|scratch| {
+        let mut buf = scratch.try_borrow_mut().ok()?;
+        buf.clear();
+        let written = (write.take()?)(&mut buf).map(|()| Bytes::copy_from_slice(&buf));
+        if buf.capacity() > SCRATCH_KEPT {
+            *buf = Vec::new();
+        }
+        Some(written)
+    });
+    if let Ok(Some(written)) = kept {
+        return written;
+    }
+    let mut buf = Vec::new();
+    (write.take().expect("not written yet"))(&mut buf)?;
+    Ok(Bytes::from(buf))
+}
 
 /// JSON through `serde_json`: the default codec.
 #[derive(Clone, Copy, Debug, Default)]
@@ -192,19 +227,6 @@ impl<T: DeserializeOwned> Decode<T> for Json {
 
 impl<T: Serialize + ?Sized> Encode<T> for Json {
     fn encode(value: &T) -> Result<Bytes, BoxError> {
-        // A small value is written on the stack and copied out at its exact
-        // size: one allocation, where a growing `Vec` handed to `Bytes` costs
-        // two (the buffer, then `Bytes`' header for its spare capacity).
-        let mut buf = [0u8; SMALL];
-        let mut rest = &mut buf[..];
-        match serde_json::to_writer(&mut rest, value) {
-            Ok(()) => {
-                let len = SMALL - rest.len();
-                Ok(Bytes::copy_from_slice(&buf[..len]))
-            }
-            // Too big for the stack buffer: the ordinary way.
-            Err(err) if err.is_io() => Ok(Bytes::from(serde_json::to_vec(value)?)),
-            Err(err) => Err(err.into()),
-        }
+        Ok(encode_with_scratch(|buf| serde_json::to_writer(buf, value))?)
     }
 }

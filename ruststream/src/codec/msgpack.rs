@@ -32,6 +32,8 @@ impl<T: DeserializeOwned> Decode<T> for MsgPack {
 
 impl<T: Serialize + ?Sized> Encode<T> for MsgPack {
     fn encode(value: &T) -> Result<Bytes, BoxError> {
-        Ok(Bytes::from(rmp_serde::to_vec_named(value)?))
+        Ok(super::encode_with_scratch(|buf| {
+            rmp_serde::encode::write_named(buf, value)
+        })?)
     }
 }

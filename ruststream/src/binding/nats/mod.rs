@@ -303,16 +303,16 @@ impl NatsBroker {
 }
 
 /// The client's message for `message`: one shape for every case (reply,
-/// headers or neither).
-fn outbound(subject: &str, message: Message) -> Result<async_nats::message::OutboundMessage> {
-    let headers = convert::headers(&message)?;
+/// headers or neither). The payload is shared, not copied.
+fn outbound(subject: &str, message: &Message) -> Result<async_nats::message::OutboundMessage> {
+    let headers = convert::headers(message)?;
     let reply = message
         .reply_to()
         .map(|r| async_nats::Subject::from(r.as_str()));
     Ok(async_nats::message::OutboundMessage {
         subject: subjects::publish_subject(subject)?,
         reply,
-        payload: message.into_payload(),
+        payload: message.payload().clone(),
         headers,
     })
 }
@@ -360,13 +360,12 @@ impl Future for CorePublish<'_, '_> {
                 let subject = subjects::publish_subject(this.subject)?;
                 poll_once(client.publish(subject, message.payload().clone()), cx)
             } else {
-                let outbound = outbound(this.subject, message.clone())?;
-                poll_once(client.publish_message(outbound), cx)
+                poll_once(client.publish_message(outbound(this.subject, &message)?), cx)
             };
             if let Poll::Ready(result) = first {
                 return Poll::Ready(result.map_err(publish_error));
             }
-            let outbound = outbound(this.subject, message)?;
+            let outbound = outbound(this.subject, &message)?;
             this.waiting = Some(Box::pin(client.publish_message(outbound)));
         }
         let Some(waiting) = &mut this.waiting else {
