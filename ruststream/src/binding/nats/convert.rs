@@ -8,6 +8,7 @@ use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, HeaderValue};
 
 use super::subjects;
+use crate::message::header;
 use crate::{Envelope, Error, Message, Result, Text};
 
 /// Header carrying [`Message::key`].
@@ -16,6 +17,41 @@ pub(crate) const KEY: &str = "ruststream-key";
 pub(crate) const CORRELATION_ID: &str = "ruststream-correlation-id";
 /// Header carrying the attempt of a core-NATS redelivery.
 pub(crate) const REDELIVERY: &str = "ruststream-redelivery";
+
+/// Header names and values the framework writes itself: converted both ways
+/// without a copy (a known name becomes the client's `HeaderName` unchecked,
+/// a received known name or codec content type a static [`Text`]), as every
+/// codec-encoded message carries one of them.
+const KNOWN: &[&str] = &[
+    header::CONTENT_TYPE,
+    KEY,
+    CORRELATION_ID,
+    REDELIVERY,
+    header::STATUS,
+    header::ERROR,
+    header::ORIGINAL_SUBJECT,
+    header::ATTEMPT,
+    header::ORIGINAL_ID,
+    header::RETRIES,
+    header::RETRY_DELAY_MS,
+    <crate::Json as crate::Codec>::CONTENT_TYPE,
+    #[cfg(feature = "msgpack")]
+    <crate::codec::MsgPack as crate::Codec>::CONTENT_TYPE,
+    #[cfg(feature = "cbor")]
+    <crate::codec::Cbor as crate::Codec>::CONTENT_TYPE,
+    #[cfg(feature = "protobuf")]
+    <crate::codec::Protobuf as crate::Codec>::CONTENT_TYPE,
+];
+
+/// `s` as one of the [`KNOWN`] strings.
+fn known(s: &str) -> Option<&'static str> {
+    KNOWN.iter().copied().find(|known| *known == s)
+}
+
+/// A received header name or value as a [`Text`]: static when known.
+fn text(s: &str) -> Text {
+    known(s).map_or_else(|| Text::from(s), Text::from_static)
+}
 
 /// Whether `message` needs NATS headers: its own, a key or a correlation id.
 pub(crate) fn carries_headers(message: &Message) -> bool {
@@ -33,7 +69,10 @@ pub(crate) fn headers(message: &Message) -> Result<Option<HeaderMap>> {
     let mut map = HeaderMap::new();
     let mut put = |name: &str, value: &str| -> Result<()> {
         let bad = |what: &str| Error::Encode(format!("NATS cannot carry header {what}").into());
-        let name = HeaderName::from_str(name).map_err(|_| bad(&format!("name {name:?}")))?;
+        let name = match known(name) {
+            Some(known) => HeaderName::from_static(known),
+            None => HeaderName::from_str(name).map_err(|_| bad(&format!("name {name:?}")))?,
+        };
         let value = HeaderValue::from_str(value).map_err(|_| bad(&format!("value {value:?}")))?;
         map.insert(name, value);
         Ok(())
@@ -71,7 +110,7 @@ pub(crate) fn message(
                 KEY => message = message.with_key(value),
                 CORRELATION_ID => message = message.with_correlation_id(value),
                 REDELIVERY => {}
-                _ => message = message.with_header(name, value),
+                _ => message = message.with_header(text(name), text(value)),
             }
         }
     }
