@@ -22,7 +22,7 @@ use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
 use ruststream::subscriber::SubscriberConfig;
 use ruststream::{
     App, Broker, Configure, Delivery, Envelope, Error, Message, Requester, Result,
-    SubscribeOptions, Subscription,
+    SubscribeOptions, Subscription, header,
 };
 
 const START: &str = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server \
@@ -268,6 +268,57 @@ async fn more_subjects_than_are_kept_all_reach_their_subscribers() {
         assert_eq!(delivery.envelope().payload(), i.to_string().as_bytes());
         delivery.ack().await.unwrap();
     }
+}
+
+/// Headers the framework writes itself (a codec's content type, its own
+/// names) skip the copy and the check on the way out and in; they, a
+/// content type under another name, and a service's own headers all arrive
+/// as sent. A name NATS cannot carry is still refused, as a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_and_unknown_headers_arrive_as_sent() {
+    let prefix = unique("headers");
+    let nats = nats().await;
+    let subject = format!("{prefix}.h");
+    let mut sub = nats
+        .subscribe(SubscribeOptions::new(subject.as_str()))
+        .await
+        .unwrap();
+    nats.client().flush().await.unwrap();
+    let sent = [
+        (header::CONTENT_TYPE, "application/json"),
+        ("x-format", "application/json"),
+        (header::ERROR, "a value of the service's own"),
+        ("x-tenant", "acme"),
+    ];
+    let message = sent.iter().fold(Message::new("body"), |m, (name, value)| {
+        m.with_header(*name, *value)
+    });
+    let refused = nats
+        .publish_message(
+            &subject,
+            Message::new("x").with_header("bad:name", "v"),
+            None,
+        )
+        .await;
+    assert!(matches!(refused, Err(Error::Encode(_))), "{refused:?}");
+    nats.publish_message(&subject, message, None).await.unwrap();
+    let delivery = within(5, "the message with headers", sub.next())
+        .await
+        .expect("the subscription is open");
+    let mut got: Vec<(String, String)> = delivery
+        .envelope()
+        .headers()
+        .iter()
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+    got.sort();
+    let mut want: Vec<(String, String)> = sent
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(delivery.envelope().payload(), b"body".as_slice());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

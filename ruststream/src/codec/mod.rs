@@ -227,6 +227,52 @@ impl<T: DeserializeOwned> Decode<T> for Json {
 
 impl<T: Serialize + ?Sized> Encode<T> for Json {
     fn encode(value: &T) -> Result<Bytes, BoxError> {
-        Ok(encode_with_scratch(|buf| serde_json::to_writer(buf, value))?)
+        Ok(encode_with_scratch(|buf| {
+            serde_json::to_writer(buf, value)
+        })?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// Encodes its inner value with `Json` while being encoded itself: the
+    /// scratch buffer is in use, so the inner encode takes a fresh one.
+    struct Nested(Vec<u32>);
+
+    impl Serialize for Nested {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let inner = Json::encode(&self.0).map_err(serde::ser::Error::custom)?;
+            s.serialize_str(std::str::from_utf8(&inner).expect("JSON is UTF-8"))
+        }
+    }
+
+    #[test]
+    fn values_of_any_size_encode_once_and_exactly() {
+        for len in [0, 10, 300, SCRATCH_KEPT + 1, 3] {
+            let value = "x".repeat(len);
+            let encoded = Json::encode(&value).expect("a string encodes");
+            assert_eq!(
+                encoded,
+                serde_json::to_vec(&value).expect("a string encodes")
+            );
+        }
+    }
+
+    #[test]
+    fn an_encoder_inside_an_encoder_gets_its_own_buffer() {
+        let encoded = Json::encode(&Nested(vec![1, 2, 3])).expect("nested values encode");
+        assert_eq!(&encoded[..], br#""[1,2,3]""#);
+    }
+
+    #[test]
+    fn a_failed_encode_leaves_nothing_behind_for_the_next() {
+        let mut bad = BTreeMap::new();
+        bad.insert(vec![1u8], 1);
+        assert!(Json::encode(&bad).is_err(), "JSON keys must be strings");
+        assert_eq!(&Json::encode(&7).expect("a number encodes")[..], b"7");
     }
 }

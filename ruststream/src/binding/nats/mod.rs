@@ -360,7 +360,10 @@ impl Future for CorePublish<'_, '_> {
                 let subject = subjects::publish_subject(this.subject)?;
                 poll_once(client.publish(subject, message.payload().clone()), cx)
             } else {
-                poll_once(client.publish_message(outbound(this.subject, &message)?), cx)
+                poll_once(
+                    client.publish_message(outbound(this.subject, &message)?),
+                    cx,
+                )
             };
             if let Poll::Ready(result) = first {
                 return Poll::Ready(result.map_err(publish_error));
