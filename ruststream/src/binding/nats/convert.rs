@@ -152,3 +152,17 @@ impl SubjectCache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_the_framework_writes_is_known() {
+        assert_eq!(known(header::CONTENT_TYPE), Some(header::CONTENT_TYPE));
+        assert_eq!(known("application/json"), Some("application/json"));
+        assert_eq!(known("x-tenant"), None);
+        assert_eq!(known("application/json; charset=utf-8"), None);
+        assert!(matches!(text("x-tenant").as_str(), "x-tenant"));
+    }
+}
