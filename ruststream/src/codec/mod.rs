@@ -181,33 +181,25 @@ pub(crate) fn decode_reply<C: Decode<R>, R>(reply: &Envelope) -> crate::Result<R
 const SCRATCH_KEPT: usize = 64 * 1024;
 
 std::thread_local! {
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// `write` into a scratch buffer of this thread, then copied out at its
 /// exact size: one allocation per encoded value whatever its size, where a
 /// `Vec` grown for the value and handed to `Bytes` costs its growth and, for
-/// spare capacity, `Bytes`' own header. (Re-entered, from an encoder inside
-/// `write`, it writes into a fresh `Vec`.)
+/// spare capacity, `Bytes`' own header.
 pub(crate) fn encode_with_scratch<E>(
     write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
 ) -> Result<Bytes, E> {
-    let mut write = Some(write);
-    let kept = SCRATCH.try_with(|scratch| {
-        let mut buf = scratch.try_borrow_mut().ok()?;
-        buf.clear();
-        let written = (write.take()?)(&mut buf).map(|()| Bytes::copy_from_slice(&buf));
-        if buf.capacity() > SCRATCH_KEPT {
-            *buf = Vec::new();
-        }
-        Some(written)
-    });
-    if let Ok(Some(written)) = kept {
-        return written;
+    // Taken, not borrowed: an encoder inside `write` finds no buffer and
+    // grows its own.
+    let mut buf = SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default();
+    buf.clear();
+    let written = write(&mut buf).map(|()| Bytes::copy_from_slice(&buf));
+    if buf.capacity() <= SCRATCH_KEPT {
+        let _ = SCRATCH.try_with(|scratch| scratch.set(buf));
     }
-    let mut buf = Vec::new();
-    (write.take().expect("not written yet"))(&mut buf)?;
-    Ok(Bytes::from(buf))
+    written
 }
 
 /// JSON through `serde_json`: the default codec.
