@@ -10,7 +10,7 @@ use async_nats::jetstream;
 use futures_util::StreamExt;
 use ruststream::bytes::Bytes;
 use ruststream::nats::{NatsBroker, StreamSpec};
-use ruststream::{App, BoxError, Broker, Message, subscriber};
+use ruststream::{App, BoxError, Broker, IntoSubscriber, Message, RunningApp, subscriber};
 
 use crate::progress;
 use crate::scenarios::{Mark, Measurement};
@@ -58,6 +58,25 @@ async fn raw_client() -> Result<async_nats::Client, BoxError> {
         .await?)
 }
 
+/// A connection with the bench's subscription capacity and an app running
+/// `subscriber` on it, expecting `n` messages.
+async fn core_app<M>(
+    n: u64,
+    subscriber: impl IntoSubscriber<M>,
+) -> Result<(NatsBroker, RunningApp), BoxError> {
+    progress::expect(n);
+    let nats = NatsBroker::builder()
+        .subscription_capacity(CAPACITY)
+        .connect(&url())
+        .await?;
+    let running = App::new()
+        .broker(nats.clone())
+        .subscriber(subscriber)
+        .start()
+        .await?;
+    Ok((nats, running))
+}
+
 /// Framework: an app subscriber on core NATS; the framework publishes. Its
 /// subject is as long as the raw side's: the client and the server parse
 /// every subject, and a longer one costs more.
@@ -66,16 +85,7 @@ async fn core(n: u64) -> Result<Measurement, BoxError> {
     async fn count(_payload: Bytes) {
         progress::seen();
     }
-    progress::expect(n);
-    let nats = NatsBroker::builder()
-        .subscription_capacity(CAPACITY)
-        .connect(&url())
-        .await?;
-    let running = App::new()
-        .broker(nats.clone())
-        .subscriber(count)
-        .start()
-        .await?;
+    let (nats, running) = core_app(n, count).await?;
     let payload = payload();
     let start = Mark::now();
     for _ in 0..n {
@@ -161,16 +171,7 @@ async fn json(n: u64) -> Result<Measurement, BoxError> {
         order.check();
         progress::seen();
     }
-    progress::expect(n);
-    let nats = NatsBroker::builder()
-        .subscription_capacity(CAPACITY)
-        .connect(&url())
-        .await?;
-    let running = App::new()
-        .broker(nats.clone())
-        .subscriber(take)
-        .start()
-        .await?;
+    let (nats, running) = core_app(n, take).await?;
     let publisher = ruststream::Publisher::new(nats.clone());
     let start = Mark::now();
     for id in 0..n {
