@@ -232,7 +232,8 @@ mod tests {
     use super::*;
 
     /// Encodes its inner value with `Json` while being encoded itself: the
-    /// scratch buffer is in use, so the inner encode takes a fresh one.
+    /// inner encode finds no scratch buffer (the outer one has it) and grows
+    /// its own.
     struct Nested(Vec<u32>);
 
     impl Serialize for Nested {
