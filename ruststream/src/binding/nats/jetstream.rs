@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::durable;
 use super::given_up::{self, GivenUp};
 use super::pull::Puller;
-use super::{NatsBroker, convert, subjects};
+use super::{NatsBroker, ack_subject, convert, subjects};
 use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Broker, Delivery, Requester, RetryAfter, SubscribeOptions, Subscription};
 use crate::ingress::ReceiveFlow;
@@ -470,9 +470,10 @@ impl JetStreamDelivery {
         shared: &Arc<Shared>,
     ) -> Self {
         let attempt = message
-            .info()
-            .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
-            .unwrap_or(1);
+            .reply
+            .as_deref()
+            .and_then(ack_subject::delivery_count)
+            .map_or(1, |delivered| u32::try_from(delivered).unwrap_or(u32::MAX));
         let (message, acker) = message.split();
         let subject = subjects.text(message.subject.as_str());
         let body = convert::message(message.payload, message.headers.as_ref(), None);

@@ -34,6 +34,7 @@
 //! # }
 //! ```
 
+mod ack_subject;
 mod convert;
 mod core;
 mod durable;
