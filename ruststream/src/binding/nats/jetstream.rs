@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::durable;
 use super::given_up::{self, GivenUp};
 use super::pull::Puller;
-use super::{NatsBroker, ack_subject, convert, subjects};
+use super::{NatsBroker, convert, subjects};
 use crate::binding::pull_flow::PullFlow;
 use crate::binding::{Broker, Delivery, Requester, RetryAfter, SubscribeOptions, Subscription};
 use crate::ingress::ReceiveFlow;
@@ -298,9 +298,10 @@ impl JetStreamSubscription {
     /// A message of the open pull the client has already received, without
     /// waiting (see [`Puller::try_next`]).
     fn take_buffered(&mut self) -> Option<JetStreamDelivery> {
-        let message = self.puller.try_next(self.batch.as_mut()?)?;
+        let (message, attempt) = self.puller.try_next(self.batch.as_mut()?)?;
         Some(JetStreamDelivery::new(
             message,
+            attempt,
             &mut self.subjects,
             &self.shared,
         ))
@@ -413,9 +414,10 @@ impl Subscription for JetStreamSubscription {
                 }
             };
             match self.puller.next(batch).await {
-                Some(Ok(message)) => {
+                Some(Ok((message, attempt))) => {
                     return Some(JetStreamDelivery::new(
                         message,
+                        attempt,
                         &mut self.subjects,
                         &self.shared,
                     ));
@@ -464,16 +466,14 @@ pub struct JetStreamDelivery {
 }
 
 impl JetStreamDelivery {
+    /// A received message on its `attempt` (the server's delivery count,
+    /// read once where it is received).
     fn new(
         message: jetstream::Message,
+        attempt: u32,
         subjects: &mut convert::SubjectCache,
         shared: &Arc<Shared>,
     ) -> Self {
-        let attempt = message
-            .reply
-            .as_deref()
-            .and_then(ack_subject::delivery_count)
-            .map_or(1, |delivered| u32::try_from(delivered).unwrap_or(u32::MAX));
         let (message, acker) = message.split();
         let subject = subjects.text(message.subject.as_str());
         let body = convert::message(message.payload, message.headers.as_ref(), None);

@@ -10,7 +10,7 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::durable;
+use super::{ack_subject, durable};
 
 /// How a subscription pulls: at most `window` messages per pull, each pull
 /// open for `expires`, and a new pull at once where the connection came
@@ -37,7 +37,7 @@ pub(super) struct Puller {
     /// delivery against one.
     redelivering: bool,
     /// A redelivery pulled, waiting for the acks before it to go out.
-    held: Option<jetstream::Message>,
+    held: Option<(jetstream::Message, u32)>,
     checkpoints: Option<durable::Checkpoints>,
 }
 
@@ -97,19 +97,20 @@ impl Puller {
     pub(super) fn try_next(
         &mut self,
         batch: &mut consumer::pull::Batch,
-    ) -> Option<jetstream::Message> {
+    ) -> Option<(jetstream::Message, u32)> {
         if self.held.is_some() {
             return None;
         }
         let Some(Some(Ok(message))) = batch.next().now_or_never() else {
             return None;
         };
-        self.redelivering = message.info().is_ok_and(|info| info.delivered > 1);
+        let attempt = ack_subject::attempt(&message);
+        self.redelivering = attempt > 1;
         if self.redelivering {
-            self.held = Some(message);
+            self.held = Some((message, attempt));
             return None;
         }
-        Some(message)
+        Some((message, attempt))
     }
 
     /// What was received and never handed out (held back, or left in the
@@ -118,7 +119,7 @@ impl Puller {
         &mut self,
         batch: Option<&mut consumer::pull::Batch>,
     ) -> Vec<jetstream::Message> {
-        let mut received: Vec<_> = self.held.take().into_iter().collect();
+        let mut received: Vec<_> = self.held.take().into_iter().map(|(m, _)| m).collect();
         if let Some(batch) = batch {
             while let Some(Some(Ok(message))) = batch.next().now_or_never() {
                 received.push(message);
@@ -136,7 +137,7 @@ impl Puller {
     pub(super) async fn next(
         &mut self,
         batch: &mut consumer::pull::Batch,
-    ) -> Option<std::result::Result<jetstream::Message, async_nats::Error>> {
+    ) -> Option<std::result::Result<(jetstream::Message, u32), async_nats::Error>> {
         if self.held.is_none() {
             let message = tokio::select! {
                 biased;
@@ -147,14 +148,16 @@ impl Puller {
                     return None;
                 }
             };
-            let Ok(message) = message else {
-                return Some(message);
+            let message = match message {
+                Ok(message) => message,
+                Err(err) => return Some(Err(err)),
             };
-            self.redelivering = message.info().is_ok_and(|info| info.delivered > 1);
+            let attempt = ack_subject::attempt(&message);
+            self.redelivering = attempt > 1;
             if !self.redelivering {
-                return Some(Ok(message));
+                return Some(Ok((message, attempt)));
             }
-            self.held = Some(message);
+            self.held = Some((message, attempt));
         }
         if let Err(err) = self.client.flush().await {
             tracing::debug!(error = %err, "NATS flush before a redelivery failed");
