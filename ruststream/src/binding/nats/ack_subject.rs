@@ -28,7 +28,7 @@ pub(super) fn delivery_count(reply: &str) -> Option<u64> {
 }
 
 /// Where the first five `.` of a subject are, and how many it has: read
-/// eight bytes at a time (an ack subject is ~70 bytes, read on every
+/// eight bytes at a time (an ack subject is ~100 bytes, read on every
 /// message).
 struct Dots {
     first: [usize; 5],
@@ -55,7 +55,7 @@ impl Dots {
         dots
     }
 
-    /// Counts the dots `mask` marks (the high bit of each byte that is one)
+    /// Counts the dots `mask` marks (the high bit of each byte that is a dot)
     /// in the eight bytes starting at `at`.
     fn add(&mut self, at: usize, mut mask: u64) {
         while mask != 0 && self.count < self.first.len() {
