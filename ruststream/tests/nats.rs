@@ -18,7 +18,7 @@ use common::server::OwnServer;
 use common::{assert_handler_failure, unique, until, within};
 use ruststream::conformance::{self, Capabilities, Harness};
 use ruststream::ingress::{JobQueueSettings, PressureState};
-use ruststream::nats::{JetStream, NatsBroker, StreamSpec};
+use ruststream::nats::{JetStream, NatsBroker, NatsSubscription, StreamSpec};
 use ruststream::subscriber::SubscriberConfig;
 use ruststream::{
     App, Broker, Configure, Delivery, Envelope, Error, Message, Requester, Result,
@@ -40,6 +40,16 @@ async fn nats() -> NatsBroker {
         Ok(nats) => nats,
         Err(err) => panic!("NATS is not reachable at {url}: {err}\nstart it with: {START}"),
     }
+}
+
+/// A core subscription to `subject`, known to the server once this returns.
+async fn subscribed(nats: &NatsBroker, subject: &str) -> NatsSubscription {
+    let sub = nats
+        .subscribe(SubscribeOptions::new(subject))
+        .await
+        .unwrap();
+    nats.client().flush().await.unwrap();
+    sub
 }
 
 fn stream_name(prefix: &str) -> String {
@@ -180,11 +190,7 @@ async fn a_subject_nats_cannot_take_is_refused_and_the_connection_goes_on() {
     let prefix = unique("badsubj");
     let nats = nats().await;
     let good = format!("{prefix}.good");
-    let mut sub = nats
-        .subscribe(SubscribeOptions::new(good.as_str()))
-        .await
-        .unwrap();
-    nats.client().flush().await.unwrap();
+    let mut sub = subscribed(&nats, &good).await;
     nats.publish_message(&good, Message::new("1"), None)
         .await
         .unwrap();
@@ -246,11 +252,7 @@ async fn a_subject_nats_cannot_take_is_refused_and_the_connection_goes_on() {
 async fn more_subjects_than_are_kept_all_reach_their_subscribers() {
     let prefix = unique("manysubj");
     let nats = nats().await;
-    let mut sub = nats
-        .subscribe(SubscribeOptions::new(format!("{prefix}.>")))
-        .await
-        .unwrap();
-    nats.client().flush().await.unwrap();
+    let mut sub = subscribed(&nats, &format!("{prefix}.>")).await;
     // 100 subjects of ~1 KB: more than the 64 KiB kept, whatever other
     // tests in this process kept before.
     let long = "s".repeat(1000);
@@ -279,11 +281,7 @@ async fn known_and_unknown_headers_arrive_as_sent() {
     let prefix = unique("headers");
     let nats = nats().await;
     let subject = format!("{prefix}.h");
-    let mut sub = nats
-        .subscribe(SubscribeOptions::new(subject.as_str()))
-        .await
-        .unwrap();
-    nats.client().flush().await.unwrap();
+    let mut sub = subscribed(&nats, &subject).await;
     let sent = [
         (header::CONTENT_TYPE, "application/json"),
         ("x-format", "application/json"),
