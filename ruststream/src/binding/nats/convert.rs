@@ -130,25 +130,41 @@ pub(crate) fn envelope(subject: &str, message: Message, attempt: u32) -> Envelop
 /// message, and kept static ([`subjects::intern`]) so that handing it to each
 /// delivery counts no references.
 #[derive(Default)]
-pub(crate) struct SubjectCache(Option<Text>);
+pub(crate) struct SubjectCache {
+    last: Option<Text>,
+    /// Every message arrives on `last`: the received subject is not compared.
+    only: bool,
+}
 
 impl SubjectCache {
-    /// The cache of a subscription to `subject`, holding it already when
-    /// it names one subject (no `*` or `>` token).
+    /// The cache of a JetStream consumer filtering on `subject`, holding it
+    /// already when it names one subject (no `*` or `>` token). Each
+    /// received subject is still compared: a consumer the app binds to may
+    /// filter on others.
     pub(crate) fn of(subject: &str) -> Self {
         let literal = !subject.split('.').any(|token| token == "*" || token == ">");
-        SubjectCache(
-            literal
+        SubjectCache {
+            last: literal
                 .then(|| subjects::intern(subject))
                 .flatten()
                 .map(Text::from_static),
-        )
+            only: false,
+        }
+    }
+
+    /// The cache of a core subscription to `subject`: without wildcards the
+    /// server delivers it only what was published to that very subject, so
+    /// no received subject needs a compare.
+    pub(crate) fn core(subject: &str) -> Self {
+        let mut cache = SubjectCache::of(subject);
+        cache.only = cache.last.is_some();
+        cache
     }
 
     pub(crate) fn text(&mut self, subject: &str) -> Text {
-        match &self.0 {
-            Some(text) if text.as_str() == subject => text.clone(),
-            _ => self.0.insert(Text::from(subject)).clone(),
+        match &self.last {
+            Some(text) if self.only || text.as_str() == subject => text.clone(),
+            _ => self.last.insert(Text::from(subject)).clone(),
         }
     }
 }
@@ -164,5 +180,18 @@ mod tests {
         assert_eq!(known("x-tenant"), None);
         assert_eq!(known("application/json; charset=utf-8"), None);
         assert!(matches!(text("x-tenant").as_str(), "x-tenant"));
+    }
+
+    #[test]
+    fn each_delivery_is_named_by_the_subject_it_arrived_on() {
+        let mut core = SubjectCache::core("orders.created");
+        assert_eq!(core.text("orders.created").as_str(), "orders.created");
+        let mut wildcard = SubjectCache::core("orders.*");
+        assert_eq!(wildcard.text("orders.a").as_str(), "orders.a");
+        assert_eq!(wildcard.text("orders.b").as_str(), "orders.b");
+        // A consumer the app binds to may filter on other subjects.
+        let mut consumer = SubjectCache::of("orders.created");
+        assert_eq!(consumer.text("orders.created").as_str(), "orders.created");
+        assert_eq!(consumer.text("orders.updated").as_str(), "orders.updated");
     }
 }

@@ -151,7 +151,7 @@ impl NatsSubscription {
             .map_err(|err| crate::Error::Transport(err.into()))?;
         Ok(NatsSubscription {
             ahead: None,
-            subjects: convert::SubjectCache::of(&subject),
+            subjects: convert::SubjectCache::core(&subject),
             main,
             redeliver,
             shared: Arc::new(Shared {

@@ -48,7 +48,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions, Event};
@@ -296,9 +296,8 @@ impl NatsBroker {
             broker: self,
             subject,
             message: Some(message),
-            waiting: None,
             deadline: deadline.ok_or(self.publish_timeout),
-            timer: None,
+            waiting: None,
         }
     }
 }
@@ -324,25 +323,24 @@ fn payload_only(message: &Message) -> bool {
     message.reply_to().is_none() && !convert::carries_headers(message)
 }
 
-/// The client's publish future, boxed: kept only by a publish that found
-/// the client's write buffer full.
-type ClientPublish<'a> =
-    Pin<Box<dyn Future<Output = std::result::Result<(), async_nats::PublishError>> + Send + 'a>>;
+/// The wait of a publish that found the client's write buffer full: the
+/// client's publish future and the deadline's timer in one box (the timer
+/// is armed on its first poll).
+type Waiting<'a> = Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>;
 
 /// A core publish. The client's own future is large (~750 bytes) and every
 /// caller's state would move it by value; here it is made and polled in
 /// place on the first poll, which finishes whenever the client's write
-/// buffer has room, and only a publish that must wait keeps one, boxed,
-/// with a timer armed then.
+/// buffer has room, and only a publish that must wait keeps one, boxed
+/// with its deadline's timer.
 pub(crate) struct CorePublish<'a, 's> {
     broker: &'a NatsBroker,
     subject: &'s str,
     /// Not handed to the client yet.
     message: Option<Message>,
-    waiting: Option<ClientPublish<'a>>,
     /// The deadline, or the timeout to count from the first wait.
     deadline: std::result::Result<Instant, Duration>,
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    waiting: Option<Waiting<'a>>,
 }
 
 impl Future for CorePublish<'_, '_> {
@@ -369,30 +367,28 @@ impl Future for CorePublish<'_, '_> {
             if let Poll::Ready(result) = first {
                 return Poll::Ready(result.map_err(publish_error));
             }
-            let outbound = outbound(this.subject, &message)?;
-            this.waiting = Some(Box::pin(client.publish_message(outbound)));
+            let publish = client.publish_message(outbound(this.subject, &message)?);
+            let deadline = this
+                .deadline
+                .unwrap_or_else(|timeout| Instant::now() + timeout);
+            this.waiting = Some(Box::pin(async move {
+                match tokio::time::timeout_at(deadline, publish).await {
+                    Ok(sent) => sent.map_err(publish_error),
+                    Err(_) => {
+                        crate::metrics::deadline_exceeded("nats");
+                        Err(Error::DeadlineExceeded(
+                            "the NATS client's write buffer stayed full until the deadline",
+                        ))
+                    }
+                }
+            }));
         }
         let Some(waiting) = &mut this.waiting else {
             panic!("publish future polled after completion");
         };
-        if let Poll::Ready(result) = waiting.as_mut().poll(cx) {
-            this.waiting = None;
-            return Poll::Ready(result.map_err(publish_error));
-        }
-        let deadline = this
-            .deadline
-            .unwrap_or_else(|timeout| Instant::now() + timeout);
-        let timer = this
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if timer.as_mut().poll(cx).is_ready() {
-            this.waiting = None;
-            crate::metrics::deadline_exceeded("nats");
-            return Poll::Ready(Err(Error::DeadlineExceeded(
-                "the NATS client's write buffer stayed full until the deadline",
-            )));
-        }
-        Poll::Pending
+        let sent = ready!(waiting.as_mut().poll(cx));
+        this.waiting = None;
+        Poll::Ready(sent)
     }
 }
 
