@@ -161,6 +161,7 @@ impl SubjectCache {
         cache
     }
 
+    #[inline]
     pub(crate) fn text(&mut self, subject: &str) -> Text {
         match &self.last {
             Some(text) if self.only || text.as_str() == subject => text.clone(),

@@ -40,6 +40,7 @@ mod core;
 mod durable;
 mod given_up;
 mod jetstream;
+mod jetstream_delivery;
 mod pull;
 mod reconnects;
 mod subjects;
@@ -55,7 +56,8 @@ use async_nats::{Client, ConnectOptions, Event};
 use tokio::time::Instant;
 
 pub use self::core::{NatsDelivery, NatsSubscription};
-pub use self::jetstream::{JetStream, JetStreamDelivery, JetStreamSubscription, StreamSpec};
+pub use self::jetstream::{JetStream, JetStreamSubscription, StreamSpec};
+pub use self::jetstream_delivery::JetStreamDelivery;
 use crate::binding::{Broker, Requester, SubscribeOptions};
 use crate::{Envelope, Error, Message, Result};
 /// The NATS client crate, for [`NatsBrokerBuilder::options`].
