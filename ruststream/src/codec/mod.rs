@@ -191,15 +191,24 @@ std::thread_local! {
 pub(crate) fn encode_with_scratch<E>(
     write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
 ) -> Result<Bytes, E> {
-    // Taken, not borrowed: an encoder inside `write` finds no buffer and
-    // grows its own.
-    let mut buf = SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default();
-    buf.clear();
-    let written = write(&mut buf).map(|()| Bytes::copy_from_slice(&buf));
-    if buf.capacity() <= SCRATCH_KEPT {
-        let _ = SCRATCH.try_with(|scratch| scratch.set(buf));
-    }
-    written
+    let mut write = Some(write);
+    let mut encode = |buf: &mut Vec<u8>| {
+        buf.clear();
+        let write = write.take().expect("encoded once");
+        write(buf).map(|()| Bytes::copy_from_slice(buf))
+    };
+    let kept = SCRATCH.try_with(|scratch| {
+        // Taken, not borrowed: an encoder inside `write` finds no buffer
+        // and grows its own.
+        let mut buf = scratch.take();
+        let written = encode(&mut buf);
+        if buf.capacity() <= SCRATCH_KEPT {
+            scratch.set(buf);
+        }
+        written
+    });
+    // Without the thread's buffer (it is being torn down), a buffer of its own.
+    kept.unwrap_or_else(|_| encode(&mut Vec::new()))
 }
 
 /// JSON through `serde_json`: the default codec.
