@@ -17,6 +17,14 @@ pub(crate) mod erased;
 pub use erased::DynRequester;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(any(
+    feature = "nats",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "mqtt",
+    feature = "kafka"
+))]
+mod known_text;
 pub mod memory;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use rdkafka::Message as _;
 use rdkafka::message::{BorrowedMessage, Header, Headers as _, OwnedHeaders};
 
+use crate::binding::known_text::text;
 use crate::{Message, Text};
 
 /// The correlation id of a request or reply.
@@ -95,7 +96,10 @@ pub(crate) fn read(record: &BorrowedMessage<'_>) -> Received {
             continue;
         };
         if !bookkeeping(header.key) {
-            received.message.headers_mut().insert(header.key, value);
+            received
+                .message
+                .headers_mut()
+                .insert(text(header.key), text(value));
             continue;
         }
         let message = std::mem::replace(&mut received.message, Message::new(Bytes::new()));

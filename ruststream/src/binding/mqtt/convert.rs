@@ -6,6 +6,7 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 
+use crate::binding::known_text::owned_text;
 use crate::message::header;
 use crate::{Envelope, Message, Text};
 
@@ -67,7 +68,7 @@ pub(super) fn envelope(publish: Publish, copy: bool, last: &mut Option<Text>) ->
                 KEY => message = message.with_key(value),
                 REDELIVERY if copy => attempt = value.parse().unwrap_or(2),
                 header::ORIGINAL_SUBJECT if copy => subject = Text::from(value),
-                _ => message = message.with_header(name, value),
+                _ => message = message.with_header(owned_text(name), owned_text(value)),
             }
         }
         if let Some(reply) = props.response_topic {

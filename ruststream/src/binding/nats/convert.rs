@@ -8,7 +8,7 @@ use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, HeaderValue};
 
 use super::subjects;
-use crate::message::header;
+use crate::binding::known_text::{self, text};
 use crate::{Envelope, Error, Message, Result, Text};
 
 /// Header carrying [`Message::key`].
@@ -18,39 +18,13 @@ pub(crate) const CORRELATION_ID: &str = "ruststream-correlation-id";
 /// Header carrying the attempt of a core-NATS redelivery.
 pub(crate) const REDELIVERY: &str = "ruststream-redelivery";
 
-/// Header names and values the framework writes itself: converted both ways
-/// without a copy (a known name becomes the client's `HeaderName` unchecked,
-/// a received known name or codec content type a static [`Text`]), as every
-/// codec-encoded message carries one of them.
-const KNOWN: &[&str] = &[
-    header::CONTENT_TYPE,
-    KEY,
-    CORRELATION_ID,
-    REDELIVERY,
-    header::STATUS,
-    header::ERROR,
-    header::ORIGINAL_SUBJECT,
-    header::ATTEMPT,
-    header::ORIGINAL_ID,
-    header::RETRIES,
-    header::RETRY_DELAY_MS,
-    <crate::Json as crate::Codec>::CONTENT_TYPE,
-    #[cfg(feature = "msgpack")]
-    <crate::codec::MsgPack as crate::Codec>::CONTENT_TYPE,
-    #[cfg(feature = "cbor")]
-    <crate::codec::Cbor as crate::Codec>::CONTENT_TYPE,
-    #[cfg(feature = "protobuf")]
-    <crate::codec::Protobuf as crate::Codec>::CONTENT_TYPE,
-];
+/// Names NATS alone writes (the rest are [`known_text`]'s): made the
+/// client's `HeaderName` unchecked on the way out.
+const NATS_NAMES: &[&str] = &[KEY, CORRELATION_ID, REDELIVERY];
 
-/// `s` as one of the [`KNOWN`] strings.
+/// `s` as one of the strings the framework writes into NATS headers.
 fn known(s: &str) -> Option<&'static str> {
-    KNOWN.iter().copied().find(|known| *known == s)
-}
-
-/// A received header name or value as a [`Text`]: static when known.
-fn text(s: &str) -> Text {
-    known(s).map_or_else(|| Text::from(s), Text::from_static)
+    known_text::known(s).or_else(|| NATS_NAMES.iter().copied().find(|name| *name == s))
 }
 
 /// Whether `message` needs NATS headers: its own, a key or a correlation id.
@@ -173,11 +147,13 @@ impl SubjectCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::header;
 
     #[test]
     fn only_what_the_framework_writes_is_known() {
         assert_eq!(known(header::CONTENT_TYPE), Some(header::CONTENT_TYPE));
         assert_eq!(known("application/json"), Some("application/json"));
+        assert_eq!(known(KEY), Some(KEY));
         assert_eq!(known("x-tenant"), None);
         assert_eq!(known("application/json; charset=utf-8"), None);
         assert!(matches!(text("x-tenant").as_str(), "x-tenant"));

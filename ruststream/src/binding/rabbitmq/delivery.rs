@@ -9,6 +9,7 @@ use lapin::types::AMQPValue;
 
 use super::subscription::{DELIVERY_COUNT, Shared, count, text};
 use super::{KEY, REDELIVERY, SUBJECT, transport};
+use crate::binding::known_text::{self, owned_text};
 use crate::binding::{Delivery, RetryAfter};
 use crate::message::header;
 use crate::{Envelope, Message, Result, Text};
@@ -75,7 +76,7 @@ pub(super) fn envelope(delivery: lapin::message::Delivery, own_queue: Option<&st
                         .map_or(attempt, |a| a + u32::from(redelivered));
                 }
                 REDELIVERY => {}
-                other => message = message.with_header(other, value),
+                other => message = message.with_header(known_text::text(other), owned_text(value)),
             }
         }
     }

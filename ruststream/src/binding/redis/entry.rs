@@ -7,6 +7,7 @@ use redis::Value;
 
 use super::field;
 use crate::Message;
+use crate::binding::known_text::{owned_text, text};
 
 /// One entry: its id and its fields, as bytes.
 pub(crate) struct Entry {
@@ -132,7 +133,7 @@ impl Entry {
                 field::CORRELATION_ID => message.with_correlation_id(value),
                 field::REPLY_TO => message.with_reply_to(value),
                 other => match other.strip_prefix(field::HEADER) {
-                    Some(header) => message.with_header(header, value),
+                    Some(header) => message.with_header(text(header), owned_text(value)),
                     None => message,
                 },
             };
