@@ -369,11 +369,12 @@ impl Future for CorePublish<'_, '_> {
             if let Poll::Ready(result) = first {
                 return Poll::Ready(result.map_err(publish_error));
             }
-            let publish = client.publish_message(outbound(this.subject, &message)?);
+            let outbound = outbound(this.subject, &message)?;
             let deadline = this
                 .deadline
                 .unwrap_or_else(|timeout| Instant::now() + timeout);
             this.waiting = Some(Box::pin(async move {
+                let publish = client.publish_message(outbound);
                 match tokio::time::timeout_at(deadline, publish).await {
                     Ok(sent) => sent.map_err(publish_error),
                     Err(_) => {
