@@ -56,6 +56,21 @@ struct AckBatch {
     ids: Vec<String>,
 }
 
+/// Adds `id` to the batch of its stream and group.
+fn buffer_ack(acks: &mut Vec<AckBatch>, stream: &str, group: &str, id: String) {
+    match acks
+        .iter_mut()
+        .find(|b| b.stream == stream && b.group == group)
+    {
+        Some(batch) => batch.ids.push(id),
+        None => acks.push(AckBatch {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+            ids: vec![id],
+        }),
+    }
+}
+
 /// A connection to a Redis server, for Streams. Cloning shares it.
 #[derive(Clone)]
 pub struct RedisBroker {
@@ -247,17 +262,7 @@ impl RedisBroker {
     pub(crate) async fn ack(&self, stream: &str, group: &str, id: String) -> Result<()> {
         let full = {
             let mut acks = self.inner.acks.lock().unwrap_or_else(|e| e.into_inner());
-            match acks
-                .iter_mut()
-                .find(|b| b.stream == stream && b.group == group)
-            {
-                Some(batch) => batch.ids.push(id),
-                None => acks.push(AckBatch {
-                    stream: stream.to_owned(),
-                    group: group.to_owned(),
-                    ids: vec![id],
-                }),
-            }
+            buffer_ack(&mut acks, stream, group, id);
             self.inner.buffered.fetch_add(1, Ordering::AcqRel) + 1 >= self.inner.settings.ack_window
         };
         if full {
@@ -293,6 +298,20 @@ impl RedisBroker {
             any = true;
         }
         any
+    }
+
+    /// Buffers the ack of `id` (taken, leaving it empty) when that leaves
+    /// room in the window, without waiting; `false`, `id` untouched, when
+    /// it would fill the window, whose flush [`ack`](Self::ack) waits for.
+    pub(crate) fn try_ack(&self, stream: &str, group: &str, id: &mut String) -> bool {
+        let mut acks = self.inner.acks.lock().unwrap_or_else(|e| e.into_inner());
+        // Counted under the lock that `ack` and `take_acks` count under.
+        if self.inner.buffered.load(Ordering::Acquire) + 1 >= self.inner.settings.ack_window {
+            return false;
+        }
+        buffer_ack(&mut acks, stream, group, std::mem::take(id));
+        self.inner.buffered.fetch_add(1, Ordering::AcqRel);
+        true
     }
 
     /// Sends every buffered ack now.

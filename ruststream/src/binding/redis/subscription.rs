@@ -444,6 +444,16 @@ impl Delivery for RedisDelivery {
             .await
     }
 
+    /// Buffered at once unless this ack fills the window (then `ack`
+    /// sends the window and waits for it).
+    fn try_ack(&mut self) -> Option<Result<()>> {
+        let shared = &self.shared;
+        let buffered = shared
+            .broker
+            .try_ack(&shared.stream, &shared.group, &mut self.id);
+        buffered.then_some(Ok(()))
+    }
+
     /// Leaves the entry pending: a member of the group claims it after
     /// `claim_idle`, with the delivery count as its attempt.
     async fn nack(self) -> Result<()> {
