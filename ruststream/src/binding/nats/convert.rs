@@ -103,7 +103,6 @@ pub(crate) fn envelope(subject: &str, message: Message, attempt: u32) -> Envelop
 /// without wildcards always sees the same one, so it is made once, not per
 /// message, and kept static ([`subjects::intern`]) so that handing it to each
 /// delivery counts no references.
-#[derive(Default)]
 pub(crate) struct SubjectCache {
     last: Option<Text>,
     /// Every message arrives on `last`: the received subject is not compared.

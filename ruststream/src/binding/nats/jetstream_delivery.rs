@@ -55,9 +55,7 @@ impl JetStreamDelivery {
         };
         acker.ack_with(kind).await.map_err(Error::Transport)
     }
-}
 
-impl JetStreamDelivery {
     /// Nak with a delay: the server redelivers the message, with the
     /// delivery count (the attempt) plus one, no sooner than `delay` from
     /// now. JetStream keeps the delay, so it survives a restart of this
