@@ -199,3 +199,24 @@ fn invalid_settings_are_refused() {
     }
     assert!(JobQueue::new(&JobQueueSettings::default().max_queued_jobs(0)).is_err());
 }
+
+/// JQ-3: a permit count above what a job queue can count is a clear
+/// startup error, not a queue that miscounts; the largest it can count
+/// works like any other.
+#[test]
+fn a_permit_count_past_the_largest_is_refused() {
+    let largest = (1usize << (usize::BITS / 2 - 1)) - 1;
+    let err = JobQueue::new(&JobQueueSettings::default().max_queued_jobs(largest + 1)).unwrap_err();
+    assert!(
+        matches!(&err, ruststream::Error::Config(text) if text.contains(&largest.to_string())),
+        "{err:?}"
+    );
+    assert!(JobQueue::new(&JobQueueSettings::default().max_queued_jobs(usize::MAX)).is_err());
+
+    let q = JobQueue::new(&JobQueueSettings::default().max_queued_jobs(largest)).unwrap();
+    let held: Vec<_> = (0..3).map(|_| q.try_acquire().expect("free")).collect();
+    assert_eq!((q.pressure().in_use, q.pressure().max), (3, largest));
+    drop(held);
+    assert_eq!(q.pressure().in_use, 0);
+    assert!(q.try_acquire().is_some());
+}

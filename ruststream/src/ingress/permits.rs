@@ -14,6 +14,19 @@ use crate::sync::{Mutex, MutexGuard, Semaphore};
 
 /// The bit of [`JobQueue`]'s count word that mirrors a PAUSED state.
 const PAUSED: usize = 1 << (usize::BITS - 1);
+/// The count word's lower half counts the permits in use, the bits above
+/// it (below [`PAUSED`]) the spare ones: a take or a release that moves a
+/// permit between the two is one atomic step, not two.
+const SPARE_SHIFT: u32 = usize::BITS / 2;
+/// One spare permit in the count word.
+const ONE_SPARE: usize = 1 << SPARE_SHIFT;
+/// The permits in use, in the count word.
+const IN_USE: usize = ONE_SPARE - 1;
+/// The spare permits, in the count word.
+const SPARE: usize = !IN_USE & !PAUSED;
+/// The most permits a job queue holds: what each part of its count word
+/// can count (2³¹ − 1 on a 64-bit target).
+pub(crate) const MAX_PERMITS: usize = (1 << (SPARE_SHIFT - 1)) - 1;
 
 /// A receive-flow switch: the one control point between framework
 /// pressure and a binding's receive flow. Called outside every lock
@@ -58,18 +71,17 @@ struct Tracker {
 pub struct JobQueue {
     /// The FIFO of waiting sources, and the permits no one took yet.
     permits: Semaphore,
-    /// Permits returned while no source waited, and all of them at first:
-    /// taken back without the semaphore's lock. Whenever a source waits,
-    /// they move to `permits` (see [`release`](Self::release)), so a waiter
-    /// is never passed over.
-    spare: AtomicUsize,
     max: usize,
     thresholds: Thresholds,
-    /// Permits in use, and in its top bit ([`PAUSED`]) a mirror of the
-    /// tracker's state for the lock-free fast path: one word, so a take or
-    /// release reads the state in the same step that changes the count
-    /// (see [`recompute`](Self::recompute)).
-    in_use: AtomicUsize,
+    /// One word: the permits in use ([`IN_USE`]); the spare ones
+    /// ([`SPARE`]), returned while no source waited (all of them at first),
+    /// taken back without the semaphore's lock; and in its top bit
+    /// ([`PAUSED`]) a mirror of the tracker's state for the lock-free fast
+    /// path. So a take or a release moves a permit and reads the state in
+    /// one atomic step (see [`recompute`](Self::recompute)). Whenever a
+    /// source waits, the spare permits move to `permits` (see
+    /// [`release`](Self::release)), so a waiter is never passed over.
+    count: AtomicUsize,
     waiters: AtomicUsize,
     tracker: Mutex<Tracker>,
     /// Serializes [`try_acquire_extra`](Self::try_acquire_extra).
@@ -116,13 +128,12 @@ impl JobQueue {
         Ok(Arc::new(JobQueue {
             // All spare at first, as if returned while no one waited: a
             // loop then takes and returns them without touching the
-            // semaphore, and `saturated` answers from `spare` alone
+            // semaphore, and `saturated` answers from the spare ones alone
             // until a source has to wait.
             permits: Semaphore::new(0),
-            spare: AtomicUsize::new(max),
             max,
             thresholds: Thresholds::new(max, pause, resume),
-            in_use: AtomicUsize::new(0),
+            count: AtomicUsize::new(max << SPARE_SHIFT),
             waiters: AtomicUsize::new(0),
             in_use_gauge: metrics::jobs_in_use(app),
             waiters_gauge: metrics::job_waiters(app),
@@ -170,7 +181,7 @@ impl JobQueue {
     pub fn try_acquire_extra(self: &Arc<Self>) -> Option<JobPermit> {
         // One extra taker at a time, so two never take the last two.
         let _serial = self.extra.lock();
-        let free = self.spare.load(Ordering::Acquire) + self.permits.available_permits();
+        let free = spare_of(self.count.load(Ordering::Acquire)) + self.permits.available_permits();
         if free < 2 {
             return None;
         }
@@ -185,7 +196,7 @@ impl JobQueue {
     }
 
     /// [`try_acquire`](Self::try_acquire), borrowing the queue.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_acquire_borrowed(&self) -> Option<BorrowedPermit<'_>> {
         self.try_slot().then(|| BorrowedPermit(self))
     }
@@ -196,15 +207,17 @@ impl JobQueue {
         let mut got = 0;
         if n > 0 && self.waiters.load(Ordering::SeqCst) == 0 {
             got = self.take_spares(n);
-            while got < n {
+            let mut from_semaphore = 0;
+            while got + from_semaphore < n {
                 match self.permits.try_acquire() {
                     Ok(permit) => permit.forget(),
                     Err(_) => break,
                 }
-                got += 1;
+                from_semaphore += 1;
             }
-            if got > 0 {
-                self.taken_n(got);
+            if from_semaphore > 0 {
+                self.taken_n(from_semaphore);
+                got += from_semaphore;
             }
         }
         Permits {
@@ -238,76 +251,91 @@ impl JobQueue {
     /// Takes a slot if one is free now and no source waits for one: a
     /// permit given back while a source waits is that source's, in the
     /// semaphore or still spare, so the fast path never overtakes it.
-    #[inline]
+    #[inline(always)]
     fn try_slot(&self) -> bool {
         if self.waiters.load(Ordering::SeqCst) > 0 {
             return false;
         }
-        if !self.take_spare() {
-            match self.permits.try_acquire() {
-                Ok(permit) => permit.forget(),
-                Err(_) => return false,
-            }
+        if self.take_spare() {
+            return true;
+        }
+        match self.permits.try_acquire() {
+            Ok(permit) => permit.forget(),
+            Err(_) => return false,
         }
         self.taken();
         true
     }
 
-    /// Takes a spare permit, if there is one.
+    /// Puts a spare permit in use, in one step, if there is one.
     #[inline]
     fn take_spare(&self) -> bool {
-        let mut spare = self.spare.load(Ordering::Relaxed);
-        while spare > 0 {
-            match self.spare.compare_exchange_weak(
-                spare,
-                spare - 1,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => spare = now,
+        let mut word = self.count.load(Ordering::Relaxed);
+        while word & SPARE != 0 {
+            let next = word - ONE_SPARE + 1;
+            match self
+                .count
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.after_take(next);
+                    return true;
+                }
+                Err(now) => word = now,
             }
         }
         false
     }
 
-    /// Takes up to `n` spare permits; how many.
+    /// Puts up to `n` spare permits in use, in one step; how many.
     #[inline]
     fn take_spares(&self, n: usize) -> usize {
-        let mut spare = self.spare.load(Ordering::Relaxed);
-        while spare > 0 {
-            let take = spare.min(n);
-            match self.spare.compare_exchange_weak(
-                spare,
-                spare - take,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return take,
-                Err(now) => spare = now,
+        let mut word = self.count.load(Ordering::Relaxed);
+        loop {
+            let take = spare_of(word).min(n);
+            if take == 0 {
+                return 0;
+            }
+            let next = word - take * ONE_SPARE + take;
+            match self
+                .count
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.after_take(next);
+                    return take;
+                }
+                Err(now) => word = now,
             }
         }
-        0
     }
 
     /// Moves the spare permits to the semaphore, which hands them to the
     /// waiters in order.
     fn return_spare(&self) {
-        let spare = self.spare.swap(0, Ordering::SeqCst);
+        let spare = spare_of(self.count.fetch_and(!SPARE, Ordering::SeqCst));
         if spare > 0 {
             self.permits.add_permits(spare);
         }
     }
 
+    /// One permit from the semaphore in use.
     #[inline]
     fn taken(&self) {
         self.taken_n(1);
     }
 
+    /// `n` permits from the semaphore in use.
     #[inline]
     fn taken_n(&self, n: usize) {
-        let word = self.in_use.fetch_add(n, Ordering::AcqRel) + n;
-        let in_use = word & !PAUSED;
+        let word = self.count.fetch_add(n, Ordering::AcqRel) + n;
+        self.after_take(word);
+    }
+
+    /// The gauge, and the pause threshold, after a take that left `word`.
+    #[inline]
+    fn after_take(&self, word: usize) {
+        let in_use = word & IN_USE;
         self.in_use_gauge.set(in_use as f64);
         if word & PAUSED == 0 && in_use >= self.thresholds.pause {
             self.recompute();
@@ -321,11 +349,12 @@ impl JobQueue {
 
     #[inline]
     pub(super) fn release_n(&self, n: usize) {
-        let word = self.in_use.fetch_sub(n, Ordering::AcqRel) - n;
-        let in_use = word & !PAUSED;
-        if self.waiters.load(Ordering::SeqCst) == 0 {
-            // No one waits: keep them spare, lock-free.
-            self.spare.fetch_add(n, Ordering::SeqCst);
+        let word = if self.waiters.load(Ordering::SeqCst) == 0 {
+            // No one waits: from in use to spare in one step, lock-free
+            // (the permits in use are at least `n`, so the lower half
+            // gives up `n` without borrowing from the spare ones).
+            let moved = n * ONE_SPARE - n;
+            let word = self.count.fetch_add(moved, Ordering::SeqCst) + moved;
             // A source that started waiting meanwhile moved the spares
             // before this one arrived, or is seen here (both sides SeqCst:
             // its count goes up before it moves them, this permit before
@@ -333,9 +362,13 @@ impl JobQueue {
             if self.waiters.load(Ordering::SeqCst) > 0 {
                 self.return_spare();
             }
+            word
         } else {
+            let word = self.count.fetch_sub(n, Ordering::AcqRel) - n;
             self.permits.add_permits(n);
-        }
+            word
+        };
+        let in_use = word & IN_USE;
         self.in_use_gauge.set(in_use as f64);
         if word & PAUSED != 0 && in_use <= self.thresholds.resume {
             self.recompute();
@@ -349,7 +382,7 @@ impl JobQueue {
     /// permits take turns even when they run on one worker thread.
     #[inline]
     pub(crate) fn saturated(&self) -> bool {
-        self.spare.load(Ordering::Relaxed) == 0 && self.permits.available_permits() == 0
+        self.count.load(Ordering::Relaxed) & SPARE == 0 && self.permits.available_permits() == 0
     }
 
     /// Recomputes the state from the current count; applies a change to every
@@ -378,9 +411,9 @@ impl JobQueue {
     /// its epoch and the sources to apply it to.
     fn transition(&self) -> Option<(u64, PressureState, Vec<Arc<Source>>)> {
         let mut t = self.tracker();
-        let mut word = self.in_use.load(Ordering::Acquire);
+        let mut word = self.count.load(Ordering::Acquire);
         let next = loop {
-            let next = self.thresholds.next(t.state, word & !PAUSED);
+            let next = self.thresholds.next(t.state, word & IN_USE);
             if next == t.state {
                 return None;
             }
@@ -388,7 +421,7 @@ impl JobQueue {
                 PressureState::Paused => word | PAUSED,
                 PressureState::Running => word & !PAUSED,
             };
-            match self.in_use.compare_exchange_weak(
+            match self.count.compare_exchange_weak(
                 word,
                 flagged,
                 Ordering::AcqRel,
@@ -451,7 +484,7 @@ impl JobQueue {
         let current_pause = t.paused_since.map_or(Duration::ZERO, |s| s.elapsed());
         Pressure {
             state: t.state,
-            in_use: self.in_use.load(Ordering::Acquire) & !PAUSED,
+            in_use: self.count.load(Ordering::Acquire) & IN_USE,
             max: self.max,
             waiters: self.waiters(),
             pause_count: t.pause_count,
@@ -477,6 +510,12 @@ impl Drop for Waiting<'_> {
         let waiters = self.0.waiters.fetch_sub(1, Ordering::SeqCst) - 1;
         self.0.waiters_gauge.set(waiters as f64);
     }
+}
+
+/// The spare permits in a count word.
+#[inline]
+fn spare_of(word: usize) -> usize {
+    (word & SPARE) >> SPARE_SHIFT
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Job-queue settings.
 
+use super::permits::MAX_PERMITS;
 use crate::{Error, Result};
 
 /// Named sizes of the application job queue. Default `Balanced`.
@@ -81,7 +82,9 @@ impl JobQueueSettings {
         self
     }
 
-    /// Exact permit count (`MaxQueuedApplicationJobs`), overriding the profile.
+    /// Exact permit count (`MaxQueuedApplicationJobs`), overriding the
+    /// profile: at least 1, at most 2³¹ − 1 on a 64-bit target (checked by
+    /// [`validate`](Self::validate)).
     pub const fn max_queued_jobs(mut self, max: usize) -> Self {
         self.max_queued_jobs = Some(max);
         self
@@ -117,8 +120,14 @@ impl JobQueueSettings {
     /// A clear startup error for values outside the spec's ranges.
     pub fn validate(&self) -> Result<()> {
         let (p, r) = self.percents();
-        if self.effective_max() == 0 {
+        let max = self.effective_max();
+        if max == 0 {
             return Err(Error::Config("max_queued_jobs must be at least 1".into()));
+        }
+        if max > MAX_PERMITS {
+            return Err(Error::Config(format!(
+                "max_queued_jobs {max} is above the most a job queue holds ({MAX_PERMITS})"
+            )));
         }
         if !(1..=100).contains(&p) {
             return Err(Error::Config(format!(
