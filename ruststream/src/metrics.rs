@@ -270,6 +270,9 @@ pub(crate) struct UnitMetrics {
     /// The `app` label, for the counters labelled by subject alone.
     app: Box<str>,
     acked_seen: AtomicU64,
+    /// Whether one task alone counts this unit's acks (see
+    /// [`new`](Self::new)).
+    one_counter: bool,
     /// What the recorder has been told: only moves up, so concurrent syncs
     /// count each ack once.
     acked_synced: AtomicU64,
@@ -279,7 +282,16 @@ pub(crate) struct UnitMetrics {
 }
 
 impl UnitMetrics {
-    pub(crate) fn new(app: &str, subscriber: &'static str, subject: &Text) -> Self {
+    /// With `one_counter`, the caller promises that one task alone, one
+    /// delivery after another, counts this unit's acks: the default loop
+    /// with no middleware stack (a layer could hand the rest of a delivery
+    /// to a task of its own).
+    pub(crate) fn new(
+        app: &str,
+        subscriber: &'static str,
+        subject: &Text,
+        one_counter: bool,
+    ) -> Self {
         let labels = |extra: Option<&'static str>| {
             let mut labels = vec![
                 metrics::Label::new("app", app.to_owned()),
@@ -302,6 +314,7 @@ impl UnitMetrics {
         UnitMetrics {
             app: app.into(),
             acked_seen: AtomicU64::new(0),
+            one_counter,
             acked_synced: AtomicU64::new(0),
             acked: outcome("acked"),
             others: [
@@ -322,7 +335,14 @@ impl UnitMetrics {
     /// A delivery acked.
     #[inline]
     pub(crate) fn acked(&self) {
-        self.acked_seen.fetch_add(1, Ordering::Relaxed);
+        if self.one_counter {
+            // No other writer: a load and a store, not a locked add (a
+            // full barrier on every delivery). Readers see it as atomic.
+            let seen = self.acked_seen.load(Ordering::Relaxed);
+            self.acked_seen.store(seen + 1, Ordering::Relaxed);
+        } else {
+            self.acked_seen.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A delivery that ended otherwise.

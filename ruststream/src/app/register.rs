@@ -100,10 +100,14 @@ async fn open<B: Broker, S: Subscriber>(
     let registration = subscription
         .receive_flow()
         .map(|flow| cx.app.jobs().register(flow));
+    // The default loop alone counts its acks, one delivery after another.
+    let one_counter =
+        config.mode == Mode::Sequential && config.batch.is_none() && service.is_none();
     let metrics = Arc::new(crate::metrics::UnitMetrics::new(
         cx.app.metrics().app(),
         subscriber.name(),
         config.subject(),
+        one_counter,
     ));
     cx.app.metrics().add(&metrics);
     let unit = Unit {
