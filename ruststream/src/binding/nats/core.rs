@@ -44,6 +44,7 @@ struct Shared {
 impl NatsSubscription {
     /// A message the client has already received, without waiting (and
     /// without registering for a wake-up: the waiting `next` does that).
+    #[inline]
     fn take_buffered(&mut self) -> Option<NatsDelivery> {
         if self.shared.broker.ensure_open().is_err() {
             return None;
@@ -94,6 +95,7 @@ impl NatsSubscription {
     }
 
     /// A received message as a delivery.
+    #[inline]
     fn delivery(&mut self, message: async_nats::Message, redelivered: bool) -> NatsDelivery {
         let reply = message.reply.as_ref().map(|r| r.as_str());
         let body = convert::message(message.payload, message.headers.as_ref(), reply);
