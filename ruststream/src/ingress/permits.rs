@@ -165,7 +165,7 @@ impl JobQueue {
     }
 
     /// A permit if one is free now and no source waits for one.
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire(self: &Arc<Self>) -> Option<JobPermit> {
         self.try_slot().then(|| JobPermit {
             queue: Arc::clone(self),
@@ -251,8 +251,8 @@ impl JobQueue {
     /// Takes a slot if one is free now and no source waits for one: a
     /// permit given back while a source waits is that source's, in the
     /// semaphore or still spare, so the fast path never overtakes it.
-    /// Always inlined, as is `try_acquire_borrowed`: the default loop
-    /// takes one per delivery, and the compiler left them out of line once
+    /// Always inlined, as are `try_acquire` and `try_acquire_borrowed`: a
+    /// loop takes one per delivery, and the compiler left them out of line once
     /// the loop grew (a call and its register saves, ~10 instructions).
     #[inline(always)]
     fn try_slot(&self) -> bool {
