@@ -259,7 +259,7 @@ impl JobQueue {
         if self.waiters.load(Ordering::SeqCst) > 0 {
             return false;
         }
-        if self.take_spare() {
+        if self.take_spares(1) == 1 {
             return true;
         }
         match self.permits.try_acquire() {
@@ -268,26 +268,6 @@ impl JobQueue {
         }
         self.taken();
         true
-    }
-
-    /// Puts a spare permit in use, in one step, if there is one.
-    #[inline]
-    fn take_spare(&self) -> bool {
-        let mut word = self.count.load(Ordering::Relaxed);
-        while word & SPARE != 0 {
-            let next = word - ONE_SPARE + 1;
-            match self
-                .count
-                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    self.after_take(next);
-                    return true;
-                }
-                Err(now) => word = now,
-            }
-        }
-        false
     }
 
     /// Puts up to `n` spare permits in use, in one step; how many.
