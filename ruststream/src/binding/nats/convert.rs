@@ -104,9 +104,11 @@ pub(crate) fn envelope(subject: &str, message: Message, attempt: u32) -> Envelop
 /// message, and kept static ([`subjects::intern`]) so that handing it to each
 /// delivery counts no references.
 pub(crate) struct SubjectCache {
+    /// The subject every message arrives on, not compared: each delivery's
+    /// `Text` is made from it in place (a clone would call through the
+    /// bytes' vtable).
+    only: Option<&'static str>,
     last: Option<Text>,
-    /// Every message arrives on `last`: the received subject is not compared.
-    only: bool,
 }
 
 impl SubjectCache {
@@ -115,13 +117,9 @@ impl SubjectCache {
     /// received subject is still compared: a consumer the app binds to may
     /// filter on others.
     pub(crate) fn of(subject: &str) -> Self {
-        let literal = !subject.split('.').any(|token| token == "*" || token == ">");
         SubjectCache {
-            last: literal
-                .then(|| subjects::intern(subject))
-                .flatten()
-                .map(Text::from_static),
-            only: false,
+            only: None,
+            last: literal(subject).map(Text::from_static),
         }
     }
 
@@ -129,18 +127,29 @@ impl SubjectCache {
     /// server delivers it only what was published to that very subject, so
     /// no received subject needs a compare.
     pub(crate) fn core(subject: &str) -> Self {
-        let mut cache = SubjectCache::of(subject);
-        cache.only = cache.last.is_some();
-        cache
+        SubjectCache {
+            only: literal(subject),
+            last: None,
+        }
     }
 
     #[inline]
     pub(crate) fn text(&mut self, subject: &str) -> Text {
+        if let Some(only) = self.only {
+            return Text::from_static(only);
+        }
         match &self.last {
-            Some(text) if self.only || text.as_str() == subject => text.clone(),
+            Some(text) if text.as_str() == subject => text.clone(),
             _ => self.last.insert(Text::from(subject)).clone(),
         }
     }
+}
+
+/// `subject` kept for the process when it names one subject (no `*` or `>`
+/// token) and there is room for it.
+fn literal(subject: &str) -> Option<&'static str> {
+    let literal = !subject.split('.').any(|token| token == "*" || token == ">");
+    literal.then(|| subjects::intern(subject)).flatten()
 }
 
 #[cfg(test)]
