@@ -2,8 +2,11 @@
 //! prints one line:
 //!
 //! ```text
-//! scenario=<name> msgs=<N> secs=<t> msgs_per_s=<r>[ allocs_per_msg=<x>]
+//! scenario=<name> msgs=<N> secs=<t> msgs_per_s=<r> cpu_s=<c>[ allocs_per_msg=<x>]
 //! ```
+//!
+//! `cpu_s` is the process's CPU time (user + system, all threads) over the
+//! same span as `secs`.
 //!
 //! `ruststream-bench --list` prints the scenario names, one per line (the
 //! scripts read them from here); `--list-brokers` the ones that need a
@@ -11,7 +14,7 @@
 //! `RUSTSTREAM_REDIS_URL`), built with the bench's `nats` and `redis`
 //! features and run by `bench/brokers.sh`. The `peer-*` scenarios (feature
 //! `peers`) are run by `bench/peers/faststream.sh` and also print
-//! `cpu_s=<process CPU seconds over secs> peak_rss_kib=<VmHWM>`.
+//! `peak_rss_kib=<VmHWM>`.
 //!
 //! Environment:
 //! * `RUSTSTREAM_BENCH_RT`: `multi` (default; multi-thread runtime, 2 worker
@@ -155,12 +158,10 @@ fn main() -> ExitCode {
 
     let secs = m.elapsed.as_secs_f64();
     let mut line = format!(
-        "scenario={scenario} msgs={n} secs={secs:.6} msgs_per_s={:.0}",
-        n as f64 / secs
+        "scenario={scenario} msgs={n} secs={secs:.6} msgs_per_s={:.0} cpu_s={:.3}",
+        n as f64 / secs,
+        m.cpu.as_secs_f64()
     );
-    if let Some(cpu) = m.cpu {
-        line += &format!(" cpu_s={:.3}", cpu.as_secs_f64());
-    }
     if let Some(kib) = m.peak_rss_kib {
         line += &format!(" peak_rss_kib={kib}");
     }

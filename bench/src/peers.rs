@@ -4,11 +4,11 @@
 //! is the consuming alone.
 //!
 //! * `peer-nats-core`, `peer-redis-streams`, `peer-rabbitmq`: an app with
-//!   one subscriber on `bench.peers` consumes N messages of 512 bytes and
-//!   prints, besides the usual fields, `cpu_s`: the CPU time of the process
-//!   (all threads, `getrusage`) from the first message handled to the N-th,
-//!   the same span as `secs`, and `peak_rss_kib`: the process's peak
-//!   resident set (`VmHWM`) when the N-th message was handled. On NATS it
+//!   one subscriber on `bench.peers` consumes N messages of 512 bytes; its
+//!   `secs` and `cpu_s` (the process's CPU time, all threads) span the
+//!   first message handled to the N-th, and it also prints `peak_rss_kib`:
+//!   the process's peak resident set (`VmHWM`) when the N-th message was
+//!   handled. On NATS it
 //!   prints `ready` once subscribed, and `handled=<k>` every
 //!   [`REPORT_EVERY`] messages, which the driver passes on to the
 //!   publisher.
@@ -29,7 +29,7 @@
 
 use std::io::Write;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ruststream::bytes::Bytes;
 use ruststream::nats::NatsBroker;
@@ -38,7 +38,7 @@ use ruststream::redis::RedisBroker;
 use ruststream::{App, BoxError, Broker, subscriber};
 
 use crate::progress;
-use crate::scenarios::Measurement;
+use crate::scenarios::{Mark, Measurement};
 
 /// The scenarios `bench/peers/faststream.sh` runs.
 pub const NAMES: &[&str] = &[
@@ -80,34 +80,6 @@ pub async fn run(name: &str, n: u64) -> Option<Result<Measurement, BoxError>> {
     })
 }
 
-/// Wall clock and process CPU time at one point.
-#[derive(Clone, Copy)]
-struct Stamp {
-    at: Instant,
-    cpu: Duration,
-}
-
-impl Stamp {
-    fn now() -> Self {
-        Stamp {
-            at: Instant::now(),
-            cpu: process_cpu(),
-        }
-    }
-}
-
-/// User plus system time of every thread of this process so far.
-fn process_cpu() -> Duration {
-    // SAFETY: `getrusage` only writes the struct it is handed.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
-}
-
 /// The peak resident set of this process so far (`VmHWM`), in KiB.
 fn peak_rss_kib() -> Result<u64, BoxError> {
     let status = std::fs::read_to_string("/proc/self/status")?;
@@ -120,11 +92,11 @@ fn peak_rss_kib() -> Result<u64, BoxError> {
 
 /// When the first message was handled; every scenario here runs once per
 /// process.
-static FIRST: OnceLock<Stamp> = OnceLock::new();
+static FIRST: OnceLock<Mark> = OnceLock::new();
 
 /// The handlers' body: stamp the first message, count every one.
 fn handled() {
-    FIRST.get_or_init(Stamp::now);
+    FIRST.get_or_init(Mark::now);
     progress::seen();
 }
 
@@ -144,15 +116,13 @@ async fn consume<B: Broker>(
     {
         return Err(format!("saw {} of {n} messages in 600 s", progress::count()).into());
     }
-    let end = Stamp::now();
+    let end = Mark::now();
     let peak_rss_kib = peak_rss_kib()?;
     let first = FIRST.get().copied().ok_or("no message handled")?;
     running.shutdown().await?;
     Ok(Measurement {
-        elapsed: end.at - first.at,
-        allocs: 0,
-        cpu: Some(end.cpu - first.cpu),
         peak_rss_kib: Some(peak_rss_kib),
+        ..first.until(end)
     })
 }
 
@@ -226,7 +196,7 @@ async fn publish_nats(n: u64) -> Result<Measurement, BoxError> {
         }
     });
     let payload = Bytes::from(vec![b'x'; 512]);
-    let start = Instant::now();
+    let start = Mark::now();
     let mut sent = 0;
     while sent < n {
         let credit = (*handled.borrow_and_update() + AHEAD).min(n);
@@ -244,24 +214,14 @@ async fn publish_nats(n: u64) -> Result<Measurement, BoxError> {
         sent = credit;
     }
     client.flush().await?;
-    Ok(Measurement {
-        elapsed: start.elapsed(),
-        allocs: 0,
-        cpu: None,
-        peak_rss_kib: None,
-    })
+    Ok(start.until(Mark::now()))
 }
 
 /// [`QUEUE`], emptied and then holding `n` raw 512-byte messages.
 async fn load_rabbitmq(n: u64) -> Result<Measurement, BoxError> {
     let conn =
         lapin::Connection::connect(&crate::rabbitmq::url(), Default::default()).await?;
-    let start = Instant::now();
+    let start = Mark::now();
     crate::rabbitmq::preload(&conn, QUEUE, n).await?;
-    Ok(Measurement {
-        elapsed: start.elapsed(),
-        allocs: 0,
-        cpu: None,
-        peak_rss_kib: None,
-    })
+    Ok(start.until(Mark::now()))
 }

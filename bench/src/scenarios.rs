@@ -55,18 +55,20 @@ pub async fn run(name: &str, payloads: Arc<[Bytes]>) -> Option<Result<Measuremen
 pub struct Measurement {
     pub elapsed: Duration,
     pub allocs: u64,
-    /// The process's CPU time over `elapsed`, where a scenario measures it.
-    pub cpu: Option<Duration>,
+    /// The process's CPU time over `elapsed`.
+    pub cpu: Duration,
     /// The process's peak resident set so far, in KiB, where a scenario
     /// measures it.
     pub peak_rss_kib: Option<u64>,
 }
 
-/// A point in time, with the allocation count at that point.
+/// A point in time, with the allocation count and the process's CPU time
+/// at that point.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mark {
     at: Instant,
     allocs: u64,
+    cpu: Duration,
 }
 
 impl Mark {
@@ -74,6 +76,7 @@ impl Mark {
         Mark {
             at: Instant::now(),
             allocs: alloc::count(),
+            cpu: process_cpu(),
         }
     }
 
@@ -81,10 +84,22 @@ impl Mark {
         Measurement {
             elapsed: end.at - self.at,
             allocs: end.allocs - self.allocs,
-            cpu: None,
+            cpu: end.cpu - self.cpu,
             peak_rss_kib: None,
         }
     }
+}
+
+/// User plus system time of every thread of this process so far.
+fn process_cpu() -> Duration {
+    // SAFETY: `getrusage` only writes the struct it is handed.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
 }
 
 /// Marks of one run: just before the first publish, when the last publish
