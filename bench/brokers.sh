@@ -57,5 +57,5 @@ for pair in "nats-core raw-nats-core" "nats-json raw-nats-json" "nats-js raw-nat
   rc=$(cpu_us "$raw")
   printf '%-16s %12.0f %8s %8s %10s %8s\n' "$raw" "$r" "1.00" "" "$rc" "1.00"
   printf '%-16s %12.0f %8.3f %8.3f %10s %8.3f\n' "$fw" "$f" "$(awk -v f="$f" -v r="$r" 'BEGIN { print f / r }')" \
-    "$(paired "${rates[$fw]}" "${rates[$raw]}")" "$fc" "$(awk -v f="$fc" -v r="$rc" 'BEGIN { print f / r }')"
+    "$(paired "${rates[$fw]}" "${rates[$raw]}")" "$fc" "$(awk -v f="$fc" -v r="$rc" 'BEGIN { print (r > 0 ? f / r : "nan") }')"
 done
