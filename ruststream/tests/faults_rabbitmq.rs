@@ -55,7 +55,8 @@ fn app_process() {
 /// RabbitMQ 3.10.8 itself breaks this in about one run in 75: a publish sent
 /// again at the instant the node is back is confirmed and not kept (the
 /// guide's RabbitMQ page, "What a restarted node does"). Such a failure
-/// names one job, the one the outage caught; the node's directory is kept
+/// names the job the outage caught (once also the one published right
+/// after it: jobs 50 and 51 on 2026-12-07); the node's directory is kept
 /// for its logs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rabbitmq_node_killed_and_restarted_mid_stream_loses_no_job() {
