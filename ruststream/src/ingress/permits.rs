@@ -1,6 +1,9 @@
 //! Job permits and the pressure state they drive.
 
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -232,16 +235,30 @@ impl JobQueue {
     }
 
     /// Waits for a slot, oldest waiter first.
+    ///
+    /// A source counts as waiting only once it holds its place in the
+    /// semaphore's queue: the first poll queues it (or takes a permit), and
+    /// only then does the count go up. Counted first, a source that the OS
+    /// paused between the two steps was passed over by every release of
+    /// that pause (each one left its permit free in the semaphore, for the
+    /// next taker to find), while the count said it waited.
     async fn wait_slot(&self) {
         if self.try_slot() {
             return;
         }
-        // SeqCst, before the spare permits move: pairs with `release`.
-        let waiters = self.waiters.fetch_add(1, Ordering::SeqCst) + 1;
-        self.waiters_gauge.set(waiters as f64);
-        let _waiting = Waiting(self);
-        self.return_spare();
-        match self.permits.acquire().await {
+        let mut acquire = pin!(self.permits.acquire());
+        let acquired = match poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await {
+            Poll::Ready(acquired) => acquired,
+            Poll::Pending => {
+                // SeqCst, before the spare permits move: pairs with `release`.
+                let waiters = self.waiters.fetch_add(1, Ordering::SeqCst) + 1;
+                self.waiters_gauge.set(waiters as f64);
+                let _waiting = Waiting(self);
+                self.return_spare();
+                acquire.await
+            }
+        };
+        match acquired {
             Ok(permit) => permit.forget(),
             Err(_) => unreachable!("the job queue's semaphore is never closed"),
         }

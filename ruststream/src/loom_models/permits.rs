@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use loom::future::block_on;
-use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
 use super::check;
@@ -63,6 +63,41 @@ fn the_fast_path_never_overtakes_a_waiting_source() {
         assert!(overtook.is_none(), "took the permit a source waits for");
         checked.store(true, Ordering::SeqCst);
         waiter.join().unwrap();
+    });
+}
+
+/// A source counted as waiting holds its place in the FIFO: a loop that
+/// gives its permit back and waits for another is served after it (JQ-7).
+/// Counted before it was queued, a waiter paused between the two steps let
+/// every release of that pause go to the next taker.
+#[test]
+fn a_counted_waiter_is_served_before_a_loop_that_waits_after_it() {
+    check(|| {
+        let jobs = queue(1);
+        let held = jobs.try_acquire().expect("one free permit");
+        let first = Arc::new(AtomicUsize::new(0));
+        let waiter = {
+            let jobs = Arc::clone(&jobs);
+            let first = Arc::clone(&first);
+            thread::spawn(move || {
+                let permit = block_on(jobs.acquire());
+                let _ = first.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
+                drop(permit);
+            })
+        };
+        while jobs.waiters() == 0 {
+            thread::yield_now();
+        }
+        drop(held);
+        let permit = block_on(jobs.acquire());
+        let _ = first.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
+        drop(permit);
+        waiter.join().unwrap();
+        assert_eq!(
+            first.load(Ordering::SeqCst),
+            1,
+            "a loop that waited after the counted source took the permit first"
+        );
     });
 }
 
