@@ -77,6 +77,30 @@ async fn connecting_to_a_broker_that_is_down_fails_at_once() {
     }
 }
 
+/// A listener that takes the connection and never answers (a node still
+/// booting, a port that is not RabbitMQ's) is a transport error after the
+/// connect timeout, naming what it waited for, not a wait of minutes.
+#[tokio::test]
+async fn a_listener_that_never_answers_is_an_error_after_the_connect_timeout() {
+    // Bound, never accepting: the kernel completes the TCP handshake, and
+    // nothing ever answers the client's AMQP header.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("amqp://{}/%2f", silent.local_addr().unwrap());
+    let connect = RabbitBroker::builder()
+        .connect_timeout(std::time::Duration::from_millis(300))
+        .connect(&url);
+    match within(10, "the connect error", connect).await {
+        Err(ruststream::Error::Transport(err)) => {
+            let err = err.to_string();
+            assert!(err.contains(&url), "{err}");
+            assert!(err.contains("no AMQP handshake within 300ms"), "{err}");
+        }
+        Err(other) => panic!("expected a transport error, got {other}"),
+        Ok(_) => panic!("nothing answers on {url}"),
+    }
+    drop(silent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_conforms() {
     let report = conformance::run(&Rabbit).await;

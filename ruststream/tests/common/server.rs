@@ -32,12 +32,34 @@ pub struct OwnServer {
     greeting: Option<&'static [u8]>,
 }
 
+/// A loopback port for a server of a test's own: free now, below the
+/// kernel's ephemeral range, and never the same twice in one process.
+///
+/// A port bound with `:0` comes from the ephemeral range, and until the
+/// server binds it (a RabbitMQ node takes ~10 s) an outgoing connection
+/// may take it as its source port, or a test starting another server may
+/// be given it too. Once, a RabbitMQ node found its port taken
+/// (`eaddrinuse`) while its test, seeing another server's listener there,
+/// went on and connected to that one.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = 10_000.min(ephemeral_low.saturating_sub(1_024)).max(1);
+    let below = ephemeral_low.saturating_sub(span);
+    // Test processes (nextest runs one per test) start at random places.
+    let start = std::hash::RandomState::new().hash_one(std::process::id()) as u32;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(below + start.wrapping_add(n) % span).unwrap();
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 impl OwnServer {
@@ -174,12 +196,25 @@ impl OwnServer {
         server
     }
 
-    async fn wait_up(&self) {
-        let (port, greeting) = (self.port, self.greeting);
+    /// Waits until the server takes connections; fails loudly, with where
+    /// its logs are, if it exits first (a port taken meanwhile, say).
+    async fn wait_up(&mut self) {
+        let (port, greeting, program) = (self.port, self.greeting, self.program);
+        let dir = self.dir.clone();
+        let child = self.child.as_mut().expect("the server was started");
         until(
             self.start_secs,
-            &format!("the test's {} accepts connections", self.program),
-            || is_up(port, greeting),
+            &format!("the test's {program} accepts connections"),
+            || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "the test's {program} exited ({status}) before it took connections \
+                         on port {port}; its logs are in {}",
+                        dir.display()
+                    );
+                }
+                is_up(port, greeting)
+            },
         )
         .await;
     }

@@ -35,6 +35,7 @@ pub struct RabbitBrokerBuilder {
     pub(super) queue_expires: Option<Duration>,
     pub(super) quorum: bool,
     pub(super) publish_timeout: Duration,
+    pub(super) connect_timeout: Duration,
 }
 
 impl Default for RabbitBrokerBuilder {
@@ -47,6 +48,7 @@ impl Default for RabbitBrokerBuilder {
             queue_expires: None,
             quorum: false,
             publish_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -107,6 +109,29 @@ impl RabbitBrokerBuilder {
         self
     }
 
+    /// How long [`connect`](Self::connect) may take to reach the broker
+    /// and finish each connection's AMQP handshake (default 10 s). A broker
+    /// that refuses the connection is an error at once; one that takes it
+    /// and never answers — a node still booting or overloaded, or a port
+    /// that is not RabbitMQ's — is an error after this long, not after the
+    /// client's minutes of retries.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use ruststream::rabbitmq::RabbitBroker;
+    ///
+    /// # async fn run() -> ruststream::Result<()> {
+    /// let rabbit = RabbitBroker::builder()
+    ///     .connect_timeout(Duration::from_secs(3))
+    ///     .connect("amqp://guest:guest@127.0.0.1:5672/%2f")
+    ///     .await?;
+    /// # drop(rabbit); Ok(()) }
+    /// ```
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     /// Connects to `url` (for example
     /// `amqp://guest:guest@127.0.0.1:5672/%2f`), declares the exchange and
     /// opens the publishing channel with confirms.
@@ -118,13 +143,20 @@ impl RabbitBrokerBuilder {
         // The client's own connect retries a refused connection for minutes
         // (the backoff that lets a running app ride out a broker restart):
         // a broker that is down at start is an error at once.
-        reachable(url).await.map_err(|err| unreachable(&err))?;
+        let timeout = self.connect_timeout;
+        reachable(url, timeout)
+            .await
+            .map_err(|err| unreachable(&err))?;
         let open = |name: String| async move {
             let properties = ConnectionProperties::default()
                 .with_connection_name(name.into())
                 .enable_auto_recover();
-            let conn = Connection::connect(url, properties)
+            // Bounded too: a listener that takes the connection and never
+            // answers would keep the client's handshake waiting, and its
+            // retries going, for minutes.
+            let conn = tokio::time::timeout(timeout, Connection::connect(url, properties))
                 .await
+                .map_err(|_| unreachable(&format_args!("no AMQP handshake within {timeout:?}")))?
                 .map_err(|err| unreachable(&err))?;
             watch_connection(&conn);
             Ok::<_, Error>(conn)
@@ -188,20 +220,18 @@ fn watch_connection(conn: &Connection) {
     });
 }
 
-/// How long the first TCP connect to the broker may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Whether the broker at `url` takes a TCP connection, tried once.
-async fn reachable(url: &str) -> std::io::Result<()> {
+/// Whether the broker at `url` takes a TCP connection within `timeout`,
+/// tried once.
+async fn reachable(url: &str, timeout: Duration) -> std::io::Result<()> {
     let uri: lapin::uri::AMQPUri = url
         .parse()
         .map_err(|err: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, err))?;
     let address = (uri.authority.host.as_str(), uri.authority.port);
-    match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address)).await {
         Ok(connected) => connected.map(drop),
         Err(_) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            format!("no TCP connection within {CONNECT_TIMEOUT:?}"),
+            format!("no TCP connection within {timeout:?}"),
         )),
     }
 }
