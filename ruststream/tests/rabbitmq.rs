@@ -81,13 +81,13 @@ async fn connecting_to_a_broker_that_is_down_fails_at_once() {
 /// booting, a port that is not RabbitMQ's) is a transport error after the
 /// connect timeout, naming what it waited for, not a wait of minutes.
 #[tokio::test]
-async fn a_listener_that_never_answers_is_an_error_after_the_connect_timeout() {
+async fn a_listener_that_never_answers_is_an_error_after_the_connection_timeout() {
     // Bound, never accepting: the kernel completes the TCP handshake, and
     // nothing ever answers the client's AMQP header.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("amqp://{}/%2f", silent.local_addr().unwrap());
     let connect = RabbitBroker::builder()
-        .connect_timeout(std::time::Duration::from_millis(300))
+        .connection_timeout(std::time::Duration::from_millis(300))
         .connect(&url);
     match within(10, "the connect error", connect).await {
         Err(ruststream::Error::Transport(err)) => {

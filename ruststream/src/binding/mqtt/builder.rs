@@ -41,7 +41,7 @@ pub struct MqttBrokerBuilder {
     pub(super) qos_by_subject: HashMap<String, QoS>,
     pub(super) max_packet_size: u32,
     pub(super) publish_window: usize,
-    pub(super) connect_timeout: Duration,
+    pub(super) connection_timeout: Duration,
 }
 
 impl Default for MqttBrokerBuilder {
@@ -61,7 +61,7 @@ impl Default for MqttBrokerBuilder {
             qos_by_subject: HashMap::new(),
             max_packet_size: 16 * 1024 * 1024,
             publish_window: 1024,
-            connect_timeout: Duration::from_secs(5),
+            connection_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -218,7 +218,7 @@ impl MqttBrokerBuilder {
         let mut network = options.network_options();
         network.set_tcp_nodelay(true);
         options.set_network_options(network);
-        options.set_connection_timeout(self.connect_timeout.as_secs().max(1));
+        options.set_connection_timeout(self.connection_timeout.as_secs().max(1));
         if let Some((user, password)) = self.credentials.as_ref().or(address.credentials.as_ref()) {
             options.set_credentials(user.clone(), password.clone());
         }

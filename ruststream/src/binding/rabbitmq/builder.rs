@@ -35,7 +35,7 @@ pub struct RabbitBrokerBuilder {
     pub(super) queue_expires: Option<Duration>,
     pub(super) quorum: bool,
     pub(super) publish_timeout: Duration,
-    pub(super) connect_timeout: Duration,
+    pub(super) connection_timeout: Duration,
 }
 
 impl Default for RabbitBrokerBuilder {
@@ -48,7 +48,7 @@ impl Default for RabbitBrokerBuilder {
             queue_expires: None,
             quorum: false,
             publish_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(10),
+            connection_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -122,13 +122,13 @@ impl RabbitBrokerBuilder {
     ///
     /// # async fn run() -> ruststream::Result<()> {
     /// let rabbit = RabbitBroker::builder()
-    ///     .connect_timeout(Duration::from_secs(3))
+    ///     .connection_timeout(Duration::from_secs(3))
     ///     .connect("amqp://guest:guest@127.0.0.1:5672/%2f")
     ///     .await?;
     /// # drop(rabbit); Ok(()) }
     /// ```
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
         self
     }
 
@@ -143,7 +143,7 @@ impl RabbitBrokerBuilder {
         // The client's own connect retries a refused connection for minutes
         // (the backoff that lets a running app ride out a broker restart):
         // a broker that is down at start is an error at once.
-        let timeout = self.connect_timeout;
+        let timeout = self.connection_timeout;
         reachable(url, timeout)
             .await
             .map_err(|err| unreachable(&err))?;
