@@ -42,17 +42,24 @@ pub struct OwnServer {
 /// (`eaddrinuse`) while its test, seeing another server's listener there,
 /// went on and connected to that one.
 fn free_port() -> u16 {
-    use std::hash::BuildHasher;
+    use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU32, Ordering};
+    /// Read once per process: where its ports start (random, as nextest
+    /// runs a process per test), how many ports the range has, and its
+    /// lowest port. Computed per call, the start moved with each call and
+    /// two calls could meet on one port.
+    static RANGE: OnceLock<(u32, u32, u32)> = OnceLock::new();
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768);
-    let span = 10_000.min(ephemeral_low.saturating_sub(1_024)).max(1);
-    let below = ephemeral_low.saturating_sub(span);
-    // Test processes (nextest runs one per test) start at random places.
-    let start = std::hash::RandomState::new().hash_one(std::process::id()) as u32;
+    let &(start, span, below) = RANGE.get_or_init(|| {
+        use std::hash::BuildHasher;
+        let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(32_768);
+        let span = 10_000.min(ephemeral_low.saturating_sub(1_024)).max(1);
+        let start = std::hash::RandomState::new().hash_one(std::process::id()) as u32;
+        (start, span, ephemeral_low.saturating_sub(span))
+    });
     loop {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let port = u16::try_from(below + start.wrapping_add(n) % span).unwrap();
