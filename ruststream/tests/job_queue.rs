@@ -90,12 +90,14 @@ async fn jq24_3_without_a_permit_the_next_record_is_not_received() {
 }
 
 static HELD_GATE: Gate = Gate::new();
+static HELD_STARTED: AtomicU32 = AtomicU32::new(0);
 static HELD_DONE: AtomicU32 = AtomicU32::new(0);
 static HELD_ALL: Notify = Notify::const_new();
 const FLOOD: u32 = 500;
 
 #[subscriber("jq.flood", workers(2, by_key), max_pending = 400)]
 async fn flooded(_b: Bytes) {
+    HELD_STARTED.fetch_add(1, Ordering::SeqCst);
     HELD_GATE.pass().await;
     if HELD_DONE.fetch_add(1, Ordering::SeqCst) + 1 == FLOOD {
         HELD_ALL.notify_one();
@@ -125,9 +127,11 @@ async fn a_flood_keeps_permits_in_use_at_most_max() {
     // 2 handlers run (their permits returned) and 8 permits hold queued
     // jobs: 10 records left the broker. The receive loop, with records
     // waiting and no permit, waits for one: it can take nothing more.
+    // (Both handlers started: with one not yet, the loop also waits with
+    // 8 in use, after 9 records, until that handler returns its permit.)
     until(5, "the job queue to fill and the loop to wait", || {
         let pressure = app.pressure();
-        pressure.in_use == 8 && pressure.waiters == 1
+        HELD_STARTED.load(Ordering::SeqCst) == 2 && pressure.in_use == 8 && pressure.waiters == 1
     })
     .await;
     assert_eq!(app.pressure().in_use, 8, "never more than max");
